@@ -1,0 +1,1 @@
+"""The built-in cases: one module per failure pattern, each registering one Case."""

@@ -1,0 +1,209 @@
+"""VAR: the l2-normalised query is promoted to fp32 before FlashAttention.
+
+Upstream: FoundationVision/VAR, ``models/basic_var.py``, ``SelfAttention.forward`` with
+``attn_l2_norm=True`` (issue #30, fixed by 74138aa). ``scale_mul`` is computed from the fp32
+Parameter ``scale_mul_1H11``, so ``q = F.normalize(q, dim=-1).mul(scale_mul)`` is fp32 while
+``qkv`` is half (under autocast, and on CUDA ``F.normalize`` itself returns fp32). Before
+74138aa the fp32 q went straight to ``flash_attn_func``, which refuses it with
+``FlashAttention only support fp16 and bf16 data type``. The SDPA fallback (``slow_attn``)
+has no such contract. The model below follows the upstream forward: ``mat_qkv`` with
+``q_bias``/``zero_k_bias``/``v_bias``, normalise-and-scale, the inference KV cache over
+VAR's growing scales, the attention kernel, ``proj``.
+
+Where flash-attn is not installed, the ``flash-attn-contract`` backend
+(:mod:`harness.flash_contract`) enforces flash-attn's input checks and computes with SDPA;
+its outcomes come from that contract, not from the real kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from harness.case import Case, FailureSignature, RunContext, Upstream, Workload, fix
+from harness.flash_contract import flash_attn_contract_func, load_flash_attn_func
+from harness.registry import register
+
+EMBED_DIM = 64
+NUM_HEADS = 4
+BATCH = 2
+#: VAR's multi-scale token maps: 1x1, 2x2, 3x3 -> 1, 4, 9 tokens per inference step.
+PATCH_NUMS = (1, 2, 3)
+
+Kernel = Callable[..., torch.Tensor]
+QKNorm = Callable[["VarSelfAttention", torch.Tensor, torch.Tensor, bool], tuple[Any, Any]]
+CoreContext = Callable[[], AbstractContextManager[Any]]
+
+
+def normalize_then_scale(
+    attn: VarSelfAttention, q: torch.Tensor, k: torch.Tensor, flash_layout: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Upstream: ``scale_mul`` stays in the Parameter's dtype (fp32 under autocast)."""
+    scale_mul = attn.scale_mul_1H11.clamp_max(attn.max_scale_mul).exp()
+    if flash_layout:
+        scale_mul = scale_mul.transpose(1, 2)  # 1H11 -> 11H1
+    return F.normalize(q, dim=-1).mul(scale_mul), F.normalize(k, dim=-1)
+
+
+def normalize_in_qkv_dtype(
+    attn: VarSelfAttention, q: torch.Tensor, k: torch.Tensor, flash_layout: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Normalise and scale in q's own dtype: no autocast fp32 policy, scale_mul cast to q."""
+    with torch.autocast(q.device.type, enabled=False):
+        scale_mul = attn.scale_mul_1H11.clamp_max(attn.max_scale_mul).exp().to(q.dtype)
+        if flash_layout:
+            scale_mul = scale_mul.transpose(1, 2)
+        return F.normalize(q, dim=-1).mul(scale_mul), F.normalize(k, dim=-1)
+
+
+class VarSelfAttention(nn.Module):
+    """VAR's ``SelfAttention`` (attn_l2_norm=True, inference: no dropout, KV cache on)."""
+
+    zero_k_bias: torch.Tensor
+
+    def __init__(self, embed_dim: int, num_heads: int, flash_attn_func: Kernel | None) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, embed_dim // num_heads
+        self.scale = 1.0  # attn_l2_norm: the scale lives in scale_mul_1H11
+        init = torch.full((1, num_heads, 1, 1), 4.0).log()
+        self.scale_mul_1H11 = nn.Parameter(init + 0.3 * torch.randn_like(init))
+        self.max_scale_mul = torch.log(torch.tensor(100)).item()
+        self.mat_qkv = nn.Linear(embed_dim, embed_dim * 3, bias=False)
+        self.q_bias = nn.Parameter(0.02 * torch.randn(embed_dim))
+        self.v_bias = nn.Parameter(0.02 * torch.randn(embed_dim))
+        self.register_buffer("zero_k_bias", torch.zeros(embed_dim))
+        self.proj = nn.Linear(embed_dim, embed_dim)
+        self.flash_attn_func = flash_attn_func
+        self.cached_k: torch.Tensor | None = None
+        self.cached_v: torch.Tensor | None = None
+
+    def kv_caching(self) -> None:
+        self.cached_k = self.cached_v = None
+
+    def _qkv(self, x: torch.Tensor) -> torch.Tensor:
+        B, L, _ = x.shape
+        bias = torch.cat((self.q_bias, self.zero_k_bias, self.v_bias))
+        qkv = F.linear(input=x, weight=self.mat_qkv.weight, bias=bias)
+        return qkv.view(B, L, 3, self.num_heads, self.head_dim)
+
+    def _cache(self, k: torch.Tensor, v: torch.Tensor, dim_cat: int) -> tuple[Any, Any]:
+        if self.cached_k is None or self.cached_v is None:
+            self.cached_k, self.cached_v = k, v
+        else:
+            self.cached_k = torch.cat((self.cached_k, k), dim=dim_cat)
+            self.cached_v = torch.cat((self.cached_v, v), dim=dim_cat)
+        return self.cached_k, self.cached_v
+
+    def forward(
+        self, x: torch.Tensor, core: CoreContext, qk_norm: QKNorm, cast_to_main_type: bool
+    ) -> torch.Tensor:
+        B, L, C = x.shape
+        qkv = self._qkv(x)
+        main_type = qkv.dtype
+        using_flash = self.flash_attn_func is not None and qkv.dtype != torch.float32
+        if using_flash:
+            q, k, v = qkv.unbind(dim=2)  # BLHc
+            dim_cat = 1
+        else:
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(dim=0)  # BHLc
+            dim_cat = 2
+        q, k = qk_norm(self, q, k, using_flash)
+        k, v = self._cache(k, v, dim_cat)
+        if using_flash and self.flash_attn_func is not None:
+            if cast_to_main_type:  # 74138aa
+                q, k, v = q.to(main_type), k.to(main_type), v.to(main_type)
+            with core():
+                out = self.flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=self.scale)
+            oup = out.view(B, L, C)
+        else:
+            with core():
+                out = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
+            oup = out.transpose(1, 2).reshape(B, L, C)
+        return self.proj(oup)
+
+
+def _kernel_for(backend: str) -> Kernel | None:
+    """The attention kernel for a backend; None selects VAR's SDPA fallback (``slow_attn``)."""
+    if backend == "flash-attn":
+        return load_flash_attn_func()
+    if backend == "flash-attn-contract":
+        return flash_attn_contract_func
+    return None
+
+
+@register
+class VarNormalizePromotion(Case):
+    name = "var-normalize-promotion"
+    title = "VAR: fp32 scale_mul / F.normalize promote q to fp32 before FlashAttention"
+    upstream = Upstream(
+        repo="FoundationVision/VAR",
+        file="models/basic_var.py",
+        commit="74138aa4229d97f0003d1bf70d03188d597d863a",
+        issues=("FoundationVision/VAR#30", "FoundationVision/VAR#27"),
+        url="https://github.com/FoundationVision/VAR/issues/30",
+    )
+    failure = FailureSignature(
+        error_type="RuntimeError",
+        message=r"FlashAttention only support fp16 and bf16 data type",
+    )
+    reference_fix = "cast-to-main-type"
+    devices = ("cpu", "cuda")
+    dtypes = ("float16", "bfloat16")
+    modes = ("autocast", "half", "fp32")
+    #: sdpa first: the float64 reference runs on the first backend, on the CPU.
+    backends = ("sdpa", "flash-attn", "flash-attn-contract")
+
+    def skip_reason(self, ctx: RunContext) -> str | None:
+        if ctx.backend != "flash-attn":
+            return None
+        if ctx.device.type != "cuda":
+            return "flash-attn needs CUDA"
+        if load_flash_attn_func() is None:
+            return "flash_attn not installed"
+        return None
+
+    def build(self, ctx: RunContext) -> Workload:
+        model = VarSelfAttention(EMBED_DIM, NUM_HEADS, _kernel_for(ctx.backend)).eval()
+        scales = [torch.randn(BATCH, pn * pn, EMBED_DIM) for pn in PATCH_NUMS]
+        return Workload(model=ctx.place(model), inputs={"scales": [ctx.tensor(x) for x in scales]})
+
+    def _infer(
+        self, w: Workload, ctx: RunContext, qk_norm: QKNorm, cast_to_main_type: bool
+    ) -> torch.Tensor:
+        """VAR's autoregressive inference over the scales, KV cache on; outputs concatenated."""
+        model: VarSelfAttention = w.model
+        model.kv_caching()
+        outputs = []
+        with torch.inference_mode(), ctx.autocast():
+            for x in w.inputs["scales"]:
+                outputs.append(model(x, ctx.attention_core, qk_norm, cast_to_main_type))
+        return torch.cat(outputs, dim=1)
+
+    @fix(
+        "none",
+        rationale="upstream before 74138aa: the fp32-promoted q goes straight to the kernel",
+        upstream="FoundationVision/VAR#30",
+    )
+    def none(self, w: Workload, ctx: RunContext) -> torch.Tensor:
+        return self._infer(w, ctx, normalize_then_scale, cast_to_main_type=False)
+
+    @fix(
+        "cast-to-main-type",
+        rationale="main_type = qkv.dtype; q, k, v .to(main_type) before the flash kernel",
+        upstream="FoundationVision/VAR@74138aa",
+    )
+    def cast_to_main_type(self, w: Workload, ctx: RunContext) -> torch.Tensor:
+        return self._infer(w, ctx, normalize_then_scale, cast_to_main_type=True)
+
+    @fix(
+        "normalize-in-half",
+        rationale="normalise and scale q/k in qkv's dtype (scale_mul cast to q, autocast off)",
+        upstream="equivalent of 74138aa that never makes an fp32 q",
+    )
+    def normalize_in_half(self, w: Workload, ctx: RunContext) -> torch.Tensor:
+        return self._infer(w, ctx, normalize_in_qkv_dtype, cast_to_main_type=False)

@@ -1,0 +1,113 @@
+"""``python -m harness`` / ``ampmatrix``: list cases, run the matrix."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from harness import storage
+from harness.case import Case
+from harness.matrix import SelectionError, Selection
+from harness.registry import CaseContractError
+from harness.run import RunOptions, discover_cases, run
+from harness.summary import render_summary
+
+#: ``--flag`` -> the Selection field it fills.
+AXIS_FLAGS = {"case": "cases", "fix": "fixes", "device": "devices", "dtype": "dtypes",
+              "mode": "modes", "backend": "backends"}
+
+
+def split_values(values: Sequence[str] | None) -> tuple[str, ...]:
+    """``--dtype float16,bfloat16 --dtype float32`` -> three values."""
+    return tuple(v for value in values or () for v in value.split(",") if v)
+
+
+def add_cases_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cases-dir", action="append", type=Path, default=[], metavar="DIR",
+                        help="also load case modules from DIR (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ampmatrix", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    list_parser = commands.add_parser("list", help="list cases, fixes, axes, upstream links")
+    add_cases_dir(list_parser)
+    run_parser = commands.add_parser("run", help="run the matrix and write results")
+    add_cases_dir(run_parser)
+    for axis in AXIS_FLAGS:
+        run_parser.add_argument(f"--{axis}", action="append", metavar="NAME",
+                                help=f"only this {axis} (repeatable, or comma-separated)")
+    run_parser.add_argument("--out", type=Path, default=Path("results"), metavar="DIR",
+                            help="results root; the run goes to DIR/<run-id> (default results)")
+    run_parser.add_argument("-n", "--workers", default="auto",
+                            help="worker processes (default auto: one per core; 0: in-process)")
+    return parser
+
+
+def describe_case(case: Case) -> list[str]:
+    up = case.upstream
+    assert up is not None and case.failure is not None
+    lines = [
+        f"{case.name}: {case.title}",
+        f"  upstream: {up.repo} {up.file} @ {up.commit}"
+        + (f" (issues {', '.join(up.issues)})" if up.issues else ""),
+    ]
+    if up.url:
+        lines.append(f"  link:     {up.url}")
+    lines += [
+        f"  failure:  {case.failure.error_type}: /{case.failure.message}/",
+        f"  devices:  {', '.join(case.devices)}   dtypes: {', '.join(case.dtypes)}",
+        f"  modes:    {', '.join(case.modes)}   backends: {', '.join(case.backends)}",
+    ]
+    if case.requires:
+        lines.append(f"  requires: {', '.join(case.requires)}")
+    lines.append("  fixes:")
+    for fix in case.fixes.values():
+        ref = f" [{fix.upstream}]" if fix.upstream else ""
+        lines.append(f"    {fix.name:<24} {fix.rationale}{ref}")
+    return lines
+
+
+def command_list(args: argparse.Namespace) -> int:
+    for case in discover_cases(args.cases_dir):
+        print("\n".join(describe_case(case)), end="\n\n")
+    return 0
+
+
+def selection_from(args: argparse.Namespace) -> Selection:
+    return Selection(**{field: split_values(getattr(args, flag))
+                        for flag, field in AXIS_FLAGS.items()})
+
+
+def command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    options = RunOptions(
+        selection=selection_from(args),
+        cases_dirs=tuple(args.cases_dir),
+        results_root=args.out,
+        workers=args.workers,
+        command=("python -m harness", *argv),
+    )
+    run_dir = run(options)
+    records = storage.read_records(run_dir)
+    print()
+    print(render_summary(records))
+    print(f"\nresults: {run_dir / storage.CELLS_FILE}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "list":
+            return command_list(args)
+        return command_run(args, argv)
+    except (CaseContractError, SelectionError, storage.ResultsError) as error:
+        print(f"ampmatrix: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

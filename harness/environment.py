@@ -1,0 +1,188 @@
+"""What this environment can run, and the facts about it that go into ``env.json``."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import subprocess
+import sys
+from datetime import datetime, timezone
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.records import Cell
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("torch", "numpy", "lightning", "pytorch-lightning", "flash-attn", "pytest",
+            "pytest-xdist")
+
+
+def cuda_devices() -> list[str]:
+    if not torch.cuda.is_available():
+        return []
+    return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+
+
+def available_devices() -> list[str]:
+    return ["cpu", *cuda_devices()]
+
+
+@cache
+def module_available(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def flash_attn_available() -> bool:
+    return module_available("flash_attn")
+
+
+def device_skip_reason(device: str) -> str | None:
+    if device == "cpu":
+        return None
+    if not torch.cuda.is_available():
+        return "no CUDA device visible"
+    if device not in cuda_devices():
+        return f"{device} is not visible (visible: {', '.join(cuda_devices())})"
+    return None
+
+
+def dtype_skip_reason(device: str, dtype: str) -> str | None:
+    if device.startswith("cuda") and dtype == "bfloat16":
+        major, minor = torch.cuda.get_device_capability(device)
+        if major < 8:
+            return f"bfloat16 needs sm80+ ({device} is sm{major}{minor})"
+    return None
+
+
+def backend_skip_reason(device: str, backend: str) -> str | None:
+    on_cuda = device.startswith("cuda")
+    if backend == "flash-attn":
+        if not flash_attn_available():
+            return "flash_attn not installed (the flash-attn-contract backend stands in)"
+        if not on_cuda:
+            return "flash-attn needs a CUDA device"
+    if backend == "flash-attn-contract" and on_cuda and flash_attn_available():
+        return "flash_attn is installed: the real kernel is measured instead"
+    return None
+
+
+def requirement_skip_reason(requires: tuple[str, ...]) -> str | None:
+    missing = [name for name in requires if not module_available(name)]
+    if missing:
+        return f"{', '.join(missing)} not importable in this environment"
+    return None
+
+
+def environment_skip_reason(cell: Cell, requires: tuple[str, ...] = ()) -> str | None:
+    """Why this environment cannot run the cell, or None if it can."""
+    return (
+        device_skip_reason(cell.device)
+        or dtype_skip_reason(cell.device, cell.dtype)
+        or backend_skip_reason(cell.device, cell.backend)
+        or requirement_skip_reason(requires)
+    )
+
+
+def package_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def harness_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(PROJECT_ROOT), "describe", "--always", "--dirty", "--abbrev=40"],
+            capture_output=True, text=True, timeout=10, check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gpu_facts() -> list[dict[str, Any]]:
+    gpus = []
+    for device in cuda_devices():
+        props = torch.cuda.get_device_properties(device)
+        gpus.append({
+            "device": device,
+            "name": props.name,
+            "capability": f"{props.major}.{props.minor}",
+            "memory_bytes": props.total_memory,
+        })
+    return gpus
+
+
+def backend_flags() -> dict[str, Any]:
+    cuda = torch.backends.cuda
+    return {
+        "sdpa_flash": cuda.flash_sdp_enabled(),
+        "sdpa_mem_efficient": cuda.mem_efficient_sdp_enabled(),
+        "sdpa_math": cuda.math_sdp_enabled(),
+        "matmul_allow_tf32": cuda.matmul.allow_tf32,
+        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+    }
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def capture_environment(command: list[str]) -> dict[str, Any]:
+    """The facts ``env.json`` records; all of them read from what was really imported."""
+    return {
+        "torch_version": torch.__version__,
+        "torch_git_version": torch.version.git_version,
+        "cuda_version": torch.version.cuda,
+        "cudnn_version": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
+        "gpus": gpu_facts(),
+        "cuda_driver": _nvidia_driver(),
+        "cpu": cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "torch_num_threads": torch.get_num_threads(),
+        "packages": package_versions(),
+        "flags": backend_flags(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "hostname": platform.node(),
+        "harness_commit": harness_commit(),
+        "started_at": now_iso(),
+        "finished_at": None,
+        "command": command,
+    }
+
+
+def _nvidia_driver() -> str | None:
+    if not torch.cuda.is_available():
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else None

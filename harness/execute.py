@@ -1,0 +1,144 @@
+"""Running one cell: build, run the fix, classify the outcome against the reference."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from harness import registry
+from harness.axes import dtype_name, dtype_of
+from harness.case import Case, RunContext
+from harness.numerics import judge, relative_error, within_tolerance
+from harness.records import Cell, CellRecord, Numerics, Outcome
+
+#: Every cell of a case builds from the same seed, so all fixes and the reference see the
+#: same weights and inputs.
+SEED = 0
+MAX_MESSAGE = 4000
+CONTRACT_NOTE = (
+    "flash-attn-contract: flash-attn's input contract enforced, computed with SDPA; "
+    "not the real flash-attn kernel"
+)
+REFERENCE_BACKENDS = ("sdpa", "eager")
+
+
+def seed_everything(seed: int = SEED) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def reference_backend(case: Case) -> str:
+    """The backend the CPU reference and baseline use: plain SDPA or eager if declared."""
+    return next((b for b in REFERENCE_BACKENDS if b in case.backends), case.backends[0])
+
+
+def run_fix_once(case: Case, fix: str, ctx: RunContext) -> torch.Tensor:
+    seed_everything()
+    workload = case.build(ctx)
+    output = case.run_fix(fix, workload, ctx)
+    if not isinstance(output, torch.Tensor):
+        raise TypeError(f"fix {fix!r} returned {type(output).__name__}, expected a Tensor")
+    return output
+
+
+@lru_cache(maxsize=32)
+def reference_output(case_name: str) -> torch.Tensor:
+    """The case's reference fix in float64 on the CPU."""
+    case = registry.get(case_name)
+    ctx = RunContext(torch.device("cpu"), torch.float64, "half", reference_backend(case))
+    with torch.no_grad():
+        return run_fix_once(case, case.reference_fix, ctx).to(torch.float64)
+
+
+@lru_cache(maxsize=32)
+def baseline_rel_err(case_name: str, dtype: str) -> float | None:
+    """Error of a plain low-precision computation (reference fix, mode half, CPU)."""
+    case = registry.get(case_name)
+    ctx = RunContext(torch.device("cpu"), dtype_of(dtype), "half", reference_backend(case))
+    try:
+        with torch.no_grad():
+            output = run_fix_once(case, case.reference_fix, ctx)
+    except Exception:
+        return None
+    return relative_error(output, reference_output(case_name))[1]
+
+
+@dataclass(frozen=True)
+class FixResult:
+    output: torch.Tensor | None
+    error: BaseException | None
+    attn_dtype: str | None
+
+
+def run_fix_in_cell(case: Case, cell: Cell) -> FixResult:
+    ctx = RunContext(torch.device(cell.device), dtype_of(cell.dtype), cell.mode, cell.backend)
+    try:
+        output = run_fix_once(case, cell.fix, ctx)
+    except Exception as error:  # every failure of the code under test is a result
+        return FixResult(None, error, ctx.observation.summary())
+    return FixResult(output, None, ctx.observation.summary())
+
+
+def classify(case: Case, cell: Cell, result: FixResult) -> dict[str, object]:
+    """Outcome and its evidence, as CellRecord fields."""
+    if result.error is not None:
+        error_type = type(result.error).__name__
+        message = str(result.error)[:MAX_MESSAGE]
+        assert case.failure is not None
+        return {
+            "outcome": Outcome.RAISES,
+            "reproduces": case.failure.matches(error_type, message),
+            "error_type": error_type,
+            "error_message": message,
+        }
+    assert result.output is not None
+    numerics, problem = compare_with_reference(case, cell, result.output)
+    passed = problem is None and numerics is not None and within_tolerance(numerics)
+    return {
+        "outcome": Outcome.PASSES if passed else Outcome.INACCURATE,
+        "out_dtype": dtype_name(result.output.dtype),
+        "numerics": numerics,
+        "error_message": problem,
+    }
+
+
+def compare_with_reference(
+    case: Case, cell: Cell, output: torch.Tensor
+) -> tuple[Numerics | None, str | None]:
+    reference = reference_output(case.name)
+    if output.shape != reference.shape:
+        return None, f"output shape {tuple(output.shape)} != reference {tuple(reference.shape)}"
+    baseline = baseline_rel_err(case.name, cell.dtype)
+    return judge(output, reference, dtype_of(cell.dtype), baseline), None
+
+
+def run_cell(cell: Cell, worker: str | None = None) -> CellRecord:
+    """Run one cell and return its record. Exceptions of the code under test are outcomes."""
+    case = registry.get(cell.case)
+    started = time.perf_counter()
+    result = run_fix_in_cell(case, cell)
+    fields = classify(case, cell, result)
+    return CellRecord(
+        cell=cell,
+        torch_version=torch.__version__,
+        attn_dtype=result.attn_dtype,
+        note=CONTRACT_NOTE if cell.backend == "flash-attn-contract" else None,
+        duration_s=round(time.perf_counter() - started, 6),
+        worker=worker,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def skipped_record(cell: Cell, reason: str) -> CellRecord:
+    return CellRecord(cell=cell, torch_version=torch.__version__, outcome=Outcome.SKIPPED,
+                      skip_reason=reason)
+
+
+def crashed_record(cell: Cell, message: str, worker: str | None = None) -> CellRecord:
+    return CellRecord(cell=cell, torch_version=torch.__version__, outcome=Outcome.CRASHED,
+                      error_type="HarnessError", error_message=message[:MAX_MESSAGE],
+                      worker=worker)

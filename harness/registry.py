@@ -1,0 +1,181 @@
+"""The one case registry, filled by the :func:`register` decorator, and case discovery."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib
+import importlib.util
+import re
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from harness.axes import BACKENDS, DEVICE_KINDS, DTYPES, MODES
+from harness.case import Case
+
+CASE_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+BUILTIN_CASES_DIR = Path(__file__).resolve().parent.parent / "cases"
+
+_REGISTRY: dict[str, Case] = {}
+
+C = TypeVar("C", bound=type[Case])
+
+
+class CaseContractError(Exception):
+    """A case that breaks the Case contract; the message names the file and the problem."""
+
+
+def register(cls: C) -> C:
+    """Class decorator: validate the case and add one instance of it to the registry."""
+    case = cls()
+    case.source_file = sys.modules[cls.__module__].__file__ or cls.__module__
+    problems = contract_problems(case)
+    if case.name in _REGISTRY:
+        other = _REGISTRY[case.name].source_file
+        problems.append(f"duplicate case name {case.name!r} (already registered by {other})")
+    if problems:
+        raise CaseContractError(f"{case.source_file}: " + "; ".join(problems))
+    _REGISTRY[case.name] = case
+    return cls
+
+
+def contract_problems(case: Case) -> list[str]:
+    """Everything wrong with a case, as readable sentences (empty when it is valid)."""
+    problems = []
+    if not CASE_NAME.match(case.name or ""):
+        problems.append(f"name {case.name!r} must be lower-case words joined by '-'")
+    for attr in ("title", "upstream", "failure", "reference_fix"):
+        if not getattr(case, attr):
+            problems.append(f"missing {attr}")
+    problems += _unknown_axis_values(case)
+    problems += _fix_problems(case)
+    if type(case).build is Case.build:
+        problems.append("no build() method")
+    return problems
+
+
+def _unknown_axis_values(case: Case) -> list[str]:
+    axes = {
+        "devices": DEVICE_KINDS,
+        "dtypes": tuple(DTYPES),
+        "modes": MODES,
+        "backends": BACKENDS,
+    }
+    problems = []
+    for axis, allowed in axes.items():
+        values = getattr(case, axis)
+        if not values:
+            problems.append(f"{axis} is empty")
+        for value in values:
+            if value not in allowed:
+                problems.append(f"unknown {axis[:-1]} {value!r} (known: {', '.join(allowed)})")
+    return problems
+
+
+def _fix_problems(case: Case) -> list[str]:
+    fixes = case.fixes
+    problems = []
+    if "none" not in fixes:
+        problems.append("no fix named 'none' (the upstream code path)")
+    if case.reference_fix and case.reference_fix not in fixes:
+        problems.append(f"reference_fix {case.reference_fix!r} is not one of its fixes")
+    for name, fix in fixes.items():
+        if not CASE_NAME.match(name):
+            problems.append(f"fix name {name!r} must be lower-case words joined by '-'")
+        if not callable(fix.func):
+            problems.append(f"fix {name!r} has no code")
+        if not fix.rationale.strip():
+            problems.append(f"fix {name!r} has no rationale")
+        for mode in fix.modes or ():
+            if mode not in case.modes:
+                problems.append(f"fix {name!r} names mode {mode!r} the case does not declare")
+        for backend in fix.backends or ():
+            if backend not in case.backends:
+                problems.append(f"fix {name!r} names backend {backend!r} the case lacks")
+    return problems
+
+
+def get(name: str) -> Case:
+    """A copy of the registered case ``name`` (KeyError if unknown)."""
+    return copy.copy(_REGISTRY[name])
+
+
+def names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def all_cases() -> list[Case]:
+    return [get(name) for name in names()]
+
+
+def clear() -> None:
+    """Empty the registry (tests use this)."""
+    _REGISTRY.clear()
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """Which modules were imported and which cases each registered."""
+
+    modules: dict[str, tuple[str, ...]]
+
+
+def discover(extra_dirs: Iterable[Path] = ()) -> Discovery:
+    """Import every case module of ``cases/`` and of each extra folder.
+
+    Each module must register exactly one case; a module that does not is a contract error.
+    """
+    modules: dict[str, tuple[str, ...]] = {}
+    for directory in (BUILTIN_CASES_DIR, *extra_dirs):
+        for path in case_module_paths(Path(directory)):
+            modules[str(path)] = _import_case_module(path)
+    return Discovery(modules)
+
+
+def case_module_paths(directory: Path) -> list[Path]:
+    if not directory.is_dir():
+        raise CaseContractError(f"{directory}: cases folder does not exist")
+    return sorted(p for p in directory.glob("*.py") if not p.name.startswith("_"))
+
+
+def _import_case_module(path: Path) -> tuple[str, ...]:
+    before = set(_REGISTRY)
+    module_name = _module_name_for(path)
+    if module_name in sys.modules:
+        return tuple(n for n, c in _REGISTRY.items() if c.source_file == str(path))
+    try:
+        _load_module(module_name, path)
+    except CaseContractError:
+        raise
+    except Exception as error:
+        raise CaseContractError(f"{path}: failed to import: {error!r}") from error
+    added = tuple(sorted(set(_REGISTRY) - before))
+    if len(added) != 1:
+        raise CaseContractError(f"{path}: registers {len(added)} cases, expected exactly one")
+    return added
+
+
+def _module_name_for(path: Path) -> str:
+    if path.parent == BUILTIN_CASES_DIR:
+        return f"cases.{path.stem}"
+    digest = hashlib.sha1(str(path.resolve().parent).encode()).hexdigest()[:8]
+    return f"ampmatrix_external_{digest}.{path.stem}"
+
+
+def _load_module(module_name: str, path: Path) -> None:
+    if module_name.startswith("cases."):
+        importlib.import_module(module_name)
+        return
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise CaseContractError(f"{path}: not an importable Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise

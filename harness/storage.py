@@ -1,0 +1,107 @@
+"""Results on disk: ``results/<run-id>/env.json`` and ``cells.jsonl``.
+
+Each record is appended as one line with a single write under an exclusive lock, then
+flushed and fsynced, so parallel workers never interleave partial lines and a killed run
+keeps every cell that finished.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from harness.records import CellRecord
+
+ENV_FILE = "env.json"
+CELLS_FILE = "cells.jsonl"
+PLAN_FILE = "plan.json"
+
+
+class ResultsError(Exception):
+    """A results file that cannot be read; the message names the file (and line)."""
+
+
+def new_run_id(torch_version: str, now: datetime | None = None) -> str:
+    stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%S")
+    return f"{stamp}-torch{torch_version.split('+')[0]}"
+
+
+def create_run_dir(results_root: Path, run_id: str) -> Path:
+    """A new, empty run directory; never reuses an existing one."""
+    results_root.mkdir(parents=True, exist_ok=True)
+    candidate, n = results_root / run_id, 1
+    while True:
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            n += 1
+            candidate = results_root / f"{run_id}-{n}"
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def write_env(run_dir: Path, env: dict[str, Any]) -> None:
+    write_json_atomic(run_dir / ENV_FILE, env)
+
+
+def append_record(run_dir: Path, record: CellRecord) -> None:
+    line = (json.dumps(record.to_dict(), sort_keys=True) + "\n").encode()
+    fd = os.open(run_dir / CELLS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class RunResults:
+    run_dir: Path
+    env: dict[str, Any]
+    records: list[CellRecord] = field(default_factory=list)
+
+
+def read_env(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / ENV_FILE
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError as error:
+        raise ResultsError(f"{path}: missing (not a results directory?)") from error
+    except json.JSONDecodeError as error:
+        raise ResultsError(f"{path}: not valid JSON ({error})") from error
+    if not isinstance(data, dict):
+        raise ResultsError(f"{path}: expected a JSON object")
+    return data
+
+
+def read_records(run_dir: Path) -> list[CellRecord]:
+    path = run_dir / CELLS_FILE
+    if not path.exists():
+        return []
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            records.append(_parse_record(path, number, line))
+    return records
+
+
+def _parse_record(path: Path, number: int, line: str) -> CellRecord:
+    try:
+        return CellRecord.from_dict(json.loads(line))
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+        raise ResultsError(f"{path}:{number}: {error}") from error
+
+
+def read_run(run_dir: Path) -> RunResults:
+    return RunResults(run_dir, read_env(run_dir), read_records(run_dir))
