@@ -51,8 +51,9 @@ def matrix(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The harness's own tests, spread over all cores."""
-    install_with_torch(session, DEFAULT_TORCH, "-e", ".[test]",
-                       lightning_requirement(DEFAULT_TORCH))
+    install_with_torch(
+        session, DEFAULT_TORCH, "-e", ".[test]", lightning_requirement(DEFAULT_TORCH)
+    )
     session.run("pytest", "-n", "auto", *session.posargs)
 
 

@@ -9,14 +9,20 @@ from pathlib import Path
 
 from harness import storage
 from harness.case import Case
-from harness.matrix import SelectionError, Selection
+from harness.matrix import Selection, SelectionError
 from harness.registry import CaseContractError
 from harness.run import RunOptions, discover_cases, run
 from harness.summary import render_summary
 
 #: ``--flag`` -> the Selection field it fills.
-AXIS_FLAGS = {"case": "cases", "fix": "fixes", "device": "devices", "dtype": "dtypes",
-              "mode": "modes", "backend": "backends"}
+AXIS_FLAGS = {
+    "case": "cases",
+    "fix": "fixes",
+    "device": "devices",
+    "dtype": "dtypes",
+    "mode": "modes",
+    "backend": "backends",
+}
 
 
 def split_values(values: Sequence[str] | None) -> tuple[str, ...]:
@@ -25,8 +31,14 @@ def split_values(values: Sequence[str] | None) -> tuple[str, ...]:
 
 
 def add_cases_dir(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cases-dir", action="append", type=Path, default=[], metavar="DIR",
-                        help="also load case modules from DIR (repeatable)")
+    parser.add_argument(
+        "--cases-dir",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="DIR",
+        help="also load case modules from DIR (repeatable)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,12 +49,25 @@ def build_parser() -> argparse.ArgumentParser:
     run_parser = commands.add_parser("run", help="run the matrix and write results")
     add_cases_dir(run_parser)
     for axis in AXIS_FLAGS:
-        run_parser.add_argument(f"--{axis}", action="append", metavar="NAME",
-                                help=f"only this {axis} (repeatable, or comma-separated)")
-    run_parser.add_argument("--out", type=Path, default=Path("results"), metavar="DIR",
-                            help="results root; the run goes to DIR/<run-id> (default results)")
-    run_parser.add_argument("-n", "--workers", default="auto",
-                            help="worker processes (default auto: one per core; 0: in-process)")
+        run_parser.add_argument(
+            f"--{axis}",
+            action="append",
+            metavar="NAME",
+            help=f"only this {axis} (repeatable, or comma-separated)",
+        )
+    run_parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("results"),
+        metavar="DIR",
+        help="results root; the run goes to DIR/<run-id> (default results)",
+    )
+    run_parser.add_argument(
+        "-n",
+        "--workers",
+        default="auto",
+        help="worker processes (default auto: one per core; 0: in-process)",
+    )
     return parser
 
 
@@ -77,8 +102,9 @@ def command_list(args: argparse.Namespace) -> int:
 
 
 def selection_from(args: argparse.Namespace) -> Selection:
-    return Selection(**{field: split_values(getattr(args, flag))
-                        for flag, field in AXIS_FLAGS.items()})
+    return Selection(
+        **{field: split_values(getattr(args, flag)) for flag, field in AXIS_FLAGS.items()}
+    )
 
 
 def command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:

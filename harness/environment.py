@@ -18,8 +18,15 @@ import torch
 from harness.records import Cell
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("torch", "numpy", "lightning", "pytorch-lightning", "flash-attn", "pytest",
-            "pytest-xdist")
+PACKAGES = (
+    "torch",
+    "numpy",
+    "lightning",
+    "pytorch-lightning",
+    "flash-attn",
+    "pytest",
+    "pytest-xdist",
+)
 
 
 def cuda_devices() -> list[str]:
@@ -105,7 +112,10 @@ def harness_commit() -> str | None:
     try:
         out = subprocess.run(
             ["git", "-C", str(PROJECT_ROOT), "describe", "--always", "--dirty", "--abbrev=40"],
-            capture_output=True, text=True, timeout=10, check=True,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
         )
     except (OSError, subprocess.SubprocessError):
         return None
@@ -126,12 +136,14 @@ def gpu_facts() -> list[dict[str, Any]]:
     gpus = []
     for device in cuda_devices():
         props = torch.cuda.get_device_properties(device)
-        gpus.append({
-            "device": device,
-            "name": props.name,
-            "capability": f"{props.major}.{props.minor}",
-            "memory_bytes": props.total_memory,
-        })
+        gpus.append(
+            {
+                "device": device,
+                "name": props.name,
+                "capability": f"{props.major}.{props.minor}",
+                "memory_bytes": props.total_memory,
+            }
+        )
     return gpus
 
 
@@ -181,7 +193,10 @@ def _nvidia_driver() -> str | None:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10, check=True,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
         )
     except (OSError, subprocess.SubprocessError):
         return None

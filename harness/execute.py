@@ -134,11 +134,17 @@ def run_cell(cell: Cell, worker: str | None = None) -> CellRecord:
 
 
 def skipped_record(cell: Cell, reason: str) -> CellRecord:
-    return CellRecord(cell=cell, torch_version=torch.__version__, outcome=Outcome.SKIPPED,
-                      skip_reason=reason)
+    return CellRecord(
+        cell=cell, torch_version=torch.__version__, outcome=Outcome.SKIPPED, skip_reason=reason
+    )
 
 
 def crashed_record(cell: Cell, message: str, worker: str | None = None) -> CellRecord:
-    return CellRecord(cell=cell, torch_version=torch.__version__, outcome=Outcome.CRASHED,
-                      error_type="HarnessError", error_message=message[:MAX_MESSAGE],
-                      worker=worker)
+    return CellRecord(
+        cell=cell,
+        torch_version=torch.__version__,
+        outcome=Outcome.CRASHED,
+        error_type="HarnessError",
+        error_message=message[:MAX_MESSAGE],
+        worker=worker,
+    )

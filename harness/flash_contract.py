@@ -40,10 +40,10 @@ FLASH_DTYPES = (torch.float16, torch.bfloat16)
 def load_flash_attn_func() -> Callable[..., Any] | None:
     """The real ``flash_attn.flash_attn_func``, or None when flash-attn does not import."""
     try:
-        from flash_attn import flash_attn_func  # type: ignore[import-not-found]
+        from flash_attn import flash_attn_func
     except ImportError:  # not installed, or its CUDA extension does not load
         return None
-    return flash_attn_func  # type: ignore[no-any-return]
+    return flash_attn_func
 
 
 def _check(condition: bool, message: str) -> None:

@@ -75,8 +75,11 @@ def concrete_devices(case: Case, requested: Sequence[str]) -> list[str]:
     if not requested or "all" in requested:
         return devices
     wanted = [d for d in devices if d in requested or d.split(":")[0] in requested]
-    return wanted + [d for d in requested if d.startswith("cuda:") and d not in wanted
-                     and "cuda" in case.devices]
+    return wanted + [
+        d
+        for d in requested
+        if d.startswith("cuda:") and d not in wanted and "cuda" in case.devices
+    ]
 
 
 def case_cells(case: Case, devices: Sequence[str]) -> Iterator[Cell]:
@@ -119,8 +122,9 @@ def check_selection(cases: Sequence[Case], selection: Selection) -> None:
     _check_names("case", selection.cases, known_cases)
     chosen = [c for c in cases if not selection.cases or c.name in selection.cases]
     _check_names("fix", selection.fixes, sorted({f for c in chosen for f in c.fixes}))
-    _check_names("dtype", selection.dtypes, sorted({d for c in chosen for d in c.dtypes}
-                                                   | {CONTROL_DTYPE}))
+    _check_names(
+        "dtype", selection.dtypes, sorted({d for c in chosen for d in c.dtypes} | {CONTROL_DTYPE})
+    )
     _check_names("mode", selection.modes, sorted({m for c in chosen for m in c.modes}))
     _check_names("backend", selection.backends, sorted({b for c in chosen for b in c.backends}))
     for device in selection.devices:

@@ -87,7 +87,7 @@ class Controller:
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call" and report.passed:
-            self._progress(report, dict(report.user_properties).get(OUTCOME_KEY, "?"))
+            self._progress(report, str(dict(report.user_properties).get(OUTCOME_KEY, "?")))
         elif report.failed:
             self._record_crash(report)
 

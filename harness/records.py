@@ -96,7 +96,7 @@ class CellRecord:
         numerics = None
         if data.get("tolerance") is not None:
             numerics = Numerics(**{f.name: data[f.name] for f in dataclasses.fields(Numerics)})
-        plain = {
+        plain: dict[str, Any] = {
             f.name: data.get(f.name)
             for f in dataclasses.fields(cls)
             if f.name not in ("cell", "numerics", "outcome")

@@ -24,7 +24,7 @@ from harness.pytest_plugin import Controller
 
 @dataclass(frozen=True)
 class RunOptions:
-    selection: Selection = Selection()
+    selection: Selection = field(default_factory=Selection)
     cases_dirs: tuple[Path, ...] = ()
     results_root: Path = Path("results")
     workers: str = "auto"
@@ -43,9 +43,7 @@ def plan_run(options: RunOptions) -> Plan:
 
 
 def start_run_dir(options: RunOptions) -> Path:
-    run_dir = storage.create_run_dir(
-        options.results_root, storage.new_run_id(torch.__version__)
-    )
+    run_dir = storage.create_run_dir(options.results_root, storage.new_run_id(torch.__version__))
     storage.write_env(run_dir, capture_environment(list(options.command)))
     return run_dir
 
@@ -72,10 +70,16 @@ def worker_count(workers: str, cells: int) -> int:
     return max(0, min(count, cells))
 
 
+#: pytest plugins the cell run does without: no cache files in the results directory, and
+#: the harness prints its own progress lines instead of pytest's.
+DISABLED_PLUGINS = ("cacheprovider", "terminal", "randomly")
+
+
 def pytest_args(plan_path: Path, workers: int) -> list[str]:
-    args = [str(plan_path), "-c", os.devnull, "--rootdir", str(plan_path.parent),
-            "-p", "harness.pytest_plugin", "-p", "no:cacheprovider", "-p", "no:terminal", "--assert=plain",
-            "-p", "no:randomly", "-W", "ignore::pytest.PytestUnknownMarkWarning"]
+    args = [str(plan_path), "-c", os.devnull, "--rootdir", str(plan_path.parent)]
+    args += ["-p", "harness.pytest_plugin", "--assert=plain"]
+    for plugin in DISABLED_PLUGINS:
+        args += ["-p", f"no:{plugin}"]
     if workers > 1:
         args += ["-n", str(workers)]
     return args
@@ -110,8 +114,11 @@ def run(options: RunOptions) -> Path:
     """Run the selected matrix; returns the run directory."""
     plan = plan_run(options)
     run_dir = start_run_dir(options)
-    print(f"ampmatrix: {len(plan.to_run)} cells to run, {len(plan.skipped)} skipped here; "
-          f"results in {run_dir}", flush=True)
+    print(
+        f"ampmatrix: {len(plan.to_run)} cells to run, {len(plan.skipped)} skipped here; "
+        f"results in {run_dir}",
+        flush=True,
+    )
     record_skipped(run_dir, plan)
     workers = worker_count(options.workers, len(plan.to_run))
     exit_code = execute_cells(run_dir, plan, workers, options.cases_dirs)

@@ -37,8 +37,7 @@ def case_table(records: Sequence[CellRecord]) -> list[str]:
     show_backend = len({r.cell.backend for r in ran}) > 1
     columns = sorted({column_key(r, show_device, show_backend) for r in ran})
     fixes = list(dict.fromkeys(r.cell.fix for r in ran))
-    grid = {(r.cell.fix, column_key(r, show_device, show_backend)): short_outcome(r)
-            for r in ran}
+    grid = {(r.cell.fix, column_key(r, show_device, show_backend)): short_outcome(r) for r in ran}
     rows = [["fix", *columns]]
     rows += [[fix, *(grid.get((fix, c), "-") for c in columns)] for fix in fixes]
     return format_rows(rows)
@@ -46,7 +45,9 @@ def case_table(records: Sequence[CellRecord]) -> list[str]:
 
 def format_rows(rows: list[list[str]]) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows]
+    return [
+        "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
 
 
 def skipped_lines(records: Iterable[CellRecord]) -> list[str]:

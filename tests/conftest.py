@@ -1,0 +1,40 @@
+"""Shared fixtures: a registry that each test can fill without leaking into others."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness import execute, registry
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TOY_CASES = FIXTURES / "cases"
+BROKEN_CASES = FIXTURES / "broken_cases"
+
+
+@pytest.fixture
+def clean_registry() -> Iterator[None]:
+    """An empty registry, restored (with sys.modules) after the test."""
+    saved = dict(registry._REGISTRY)
+    saved_modules = set(sys.modules)
+    registry.clear()
+    execute.reference_output.cache_clear()
+    execute.baseline_rel_err.cache_clear()
+    yield
+    registry.clear()
+    registry._REGISTRY.update(saved)
+    for name in set(sys.modules) - saved_modules:
+        if name.startswith(("cases.", "ampmatrix_external_")):
+            del sys.modules[name]
+    execute.reference_output.cache_clear()
+    execute.baseline_rel_err.cache_clear()
+
+
+@pytest.fixture
+def toy_registry(clean_registry: None) -> None:
+    """Only the toy external case registered."""
+    for path in registry.case_module_paths(TOY_CASES):
+        registry._import_case_module(path)

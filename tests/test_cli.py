@@ -1,0 +1,127 @@
+"""The CLI end to end, as a user runs it: real processes, real pytest-xdist workers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import storage
+from harness.records import Outcome
+from tests.conftest import BROKEN_CASES, FIXTURES, TOY_CASES
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def harness(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def only_run_dir(root: Path) -> Path:
+    (run_dir,) = root.iterdir()
+    return run_dir
+
+
+def test_run_toy_case_end_to_end(tmp_path: Path) -> None:
+    result = harness(
+        "run",
+        "--cases-dir",
+        str(TOY_CASES),
+        "--case",
+        "toy-mixed-matmul",
+        "--out",
+        str(tmp_path),
+        "-n",
+        "2",
+    )
+    assert result.returncode == 0, result.stderr
+    run_dir = only_run_dir(tmp_path)
+    results = storage.read_run(run_dir)
+    by_fix = {(r.cell.fix, r.cell.dtype, r.cell.device): r for r in results.records}
+    assert by_fix["none", "float16", "cpu"].outcome is Outcome.RAISES
+    assert by_fix["none", "float16", "cpu"].reproduces
+    assert by_fix["cast-input", "bfloat16", "cpu"].outcome is Outcome.PASSES
+    assert by_fix["noisy", "float16", "cpu"].outcome is Outcome.INACCURATE
+    assert by_fix["none", "float32", "cpu"].outcome is Outcome.PASSES
+    ran = [r for r in results.records if r.outcome is not Outcome.SKIPPED]
+    assert len(ran) == 11 and {r.worker for r in ran} <= {"gw0", "gw1"}
+    assert results.env["torch_version"] and results.env["command"][1] == "run"
+    assert results.env["finished_at"] is not None
+    assert "raises:repro" in result.stdout and "raises:OTHER" in result.stdout
+    assert str(run_dir / "cells.jsonl") in result.stdout
+
+
+def test_a_crashing_cell_costs_only_itself(tmp_path: Path) -> None:
+    result = harness(
+        "run",
+        "--cases-dir",
+        str(FIXTURES / "crash_cases"),
+        "--case",
+        "toy-abort",
+        "--out",
+        str(tmp_path),
+        "-n",
+        "2",
+    )
+    assert result.returncode == 0, result.stderr
+    records = {r.cell.fix: r for r in storage.read_records(only_run_dir(tmp_path))}
+    assert records["abort"].outcome is Outcome.CRASHED
+    assert records["none"].outcome is Outcome.PASSES
+
+
+def test_seed_case_reproduces_through_the_cli(tmp_path: Path) -> None:
+    result = harness(
+        "run",
+        "--case",
+        "sana-softmax-float",
+        "--mode",
+        "half",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path),
+        "-n",
+        "0",
+    )
+    assert result.returncode == 0, result.stderr
+    lines = (only_run_dir(tmp_path) / "cells.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    nones = [r for r in records if r["fix"] == "none"]
+    assert {r["dtype"] for r in nones} == {"float16", "bfloat16"}
+    assert all(r["outcome"] == "raises" and r["reproduces"] for r in nones)
+    assert all(r["outcome"] == "passes" for r in records if r["fix"] != "none")
+
+
+def test_list_shows_cases_fixes_and_links() -> None:
+    result = harness("list", "--cases-dir", str(TOY_CASES))
+    assert result.returncode == 0, result.stderr
+    assert "toy-mixed-matmul: Toy: fp32 activations times a half weight" in result.stdout
+    assert "sana-softmax-float" in result.stdout and "cast-input" in result.stdout
+    assert "github.com/NVlabs/Sana" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("run", "--case", "sana-softmax-flaot"), "did you mean sana-softmax-float"),
+        (
+            ("run", "--case", "sana-softmax-float", "--fix", "cast-atn-to-v"),
+            "did you mean cast-attn-to-v",
+        ),
+        (("run", "--cases-dir", str(BROKEN_CASES)), "no_none_fix.py"),
+    ],
+)
+def test_bad_input_is_refused_clearly(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
+    result = harness(*args, "--out", str(tmp_path))
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert list(tmp_path.iterdir()) == []

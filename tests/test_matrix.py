@@ -1,0 +1,93 @@
+"""Matrix expansion, selection and skip reasons."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import environment, matrix, registry
+from harness.case import Case
+from harness.matrix import Selection, SelectionError, check_selection, expand
+from harness.records import Cell
+
+
+@pytest.fixture
+def toy(toy_registry: None) -> list[Case]:
+    return [registry.get("toy-mixed-matmul")]
+
+
+def test_expansion_follows_declared_axes(toy: list[Case]) -> None:
+    cells = list(matrix.case_cells(toy[0], ["cpu"]))
+    # none, cast-input: 2 dtypes in half + the fp32 control for none; three half-only fixes.
+    assert len(cells) == 2 * 2 + 1 + 3 * 2
+    assert Cell("toy-mixed-matmul", "none", "cpu", "float32", "fp32", "eager") in cells
+    assert all(c.mode == "half" for c in cells if c.fix != "none")
+    assert len(set(cells)) == len(cells)
+
+
+def test_fp32_control_runs_only_the_upstream_path(toy: list[Case]) -> None:
+    fp32 = [c for c in matrix.case_cells(toy[0], ["cpu"]) if c.mode == "fp32"]
+    assert [(c.fix, c.dtype) for c in fp32] == [("none", "float32")]
+
+
+def test_cuda_cells_are_kept_as_skipped_when_no_gpu(
+    toy: list[Case], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(matrix, "cuda_devices", lambda: [])
+    plan = expand(toy)
+    assert {c.device for c in plan.to_run} == {"cpu"}
+    assert {c.device for c, _ in plan.skipped} == {"cuda"}
+    assert {reason for _, reason in plan.skipped} == {"no CUDA device visible"}
+    assert plan.total == 2 * len(plan.to_run)
+
+
+def test_cuda_kind_expands_to_every_visible_gpu(
+    toy: list[Case], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(matrix, "cuda_devices", lambda: ["cuda:0", "cuda:1"])
+    assert matrix.concrete_devices(toy[0], []) == ["cpu", "cuda:0", "cuda:1"]
+    assert matrix.concrete_devices(toy[0], ["cuda"]) == ["cuda:0", "cuda:1"]
+    assert matrix.concrete_devices(toy[0], ["cuda:1"]) == ["cuda:1"]
+    assert matrix.concrete_devices(toy[0], ["all"]) == ["cpu", "cuda:0", "cuda:1"]
+
+
+def test_selection_narrows_every_axis(toy: list[Case]) -> None:
+    plan = expand(toy, Selection(fixes=("none",), dtypes=("float16",), devices=("cpu",)))
+    assert plan.to_run == [Cell("toy-mixed-matmul", "none", "cpu", "float16", "half", "eager")]
+    assert plan.skipped == []
+
+
+@pytest.mark.parametrize(
+    ("selection", "message"),
+    [
+        (Selection(cases=("toy-mixed-matmal",)), "did you mean toy-mixed-matmul"),
+        (Selection(fixes=("cast-inptu",)), "did you mean cast-input"),
+        (Selection(dtypes=("fp16",)), "unknown dtype 'fp16'"),
+        (Selection(modes=("halve",)), "did you mean half"),
+        (Selection(backends=("flash",)), "unknown backend 'flash'"),
+        (Selection(devices=("gpu",)), "unknown device 'gpu'"),
+    ],
+)
+def test_unknown_names_are_refused_with_suggestions(
+    toy: list[Case], selection: Selection, message: str
+) -> None:
+    with pytest.raises(SelectionError, match=message):
+        check_selection(toy, selection)
+
+
+def test_backend_skip_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness import environment
+
+    monkeypatch.setattr(environment, "flash_attn_available", lambda: False)
+    assert "not installed" in str(environment.backend_skip_reason("cuda:0", "flash-attn"))
+    assert environment.backend_skip_reason("cpu", "flash-attn-contract") is None
+    monkeypatch.setattr(environment, "flash_attn_available", lambda: True)
+    assert environment.backend_skip_reason("cpu", "flash-attn") == "flash-attn needs a CUDA device"
+    assert environment.backend_skip_reason("cuda:0", "flash-attn") is None
+    assert "real kernel" in str(environment.backend_skip_reason("cuda:0", "flash-attn-contract"))
+
+
+def test_missing_requirement_skips_with_the_module_name() -> None:
+    reason = environment.environment_skip_reason(
+        Cell("c", "none", "cpu", "float16", "half", "sdpa"), ("surely_not_installed_mod",)
+    )
+    assert reason == "surely_not_installed_mod not importable in this environment"

@@ -1,0 +1,145 @@
+"""The registry: decorator, contract checks, duplicates, discovery."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import registry
+from harness.case import Case, FailureSignature, RunContext, Upstream, Workload, fix
+from harness.registry import CaseContractError, register
+from tests.conftest import BROKEN_CASES, TOY_CASES
+
+
+def make_case_class(**overrides: object) -> type[Case]:
+    attrs: dict[str, object] = {
+        "name": "good-case",
+        "title": "A good case",
+        "upstream": Upstream(repo="r", file="f.py", commit="c"),
+        "failure": FailureSignature("RuntimeError", "boom"),
+        "reference_fix": "none",
+        "__module__": __name__,
+        "build": lambda self, ctx: Workload(model=None),
+        "none": fix("none", rationale="upstream")(lambda self, w, ctx: torch.zeros(1)),
+    }
+    attrs.update(overrides)
+    return type("Generated", (Case,), attrs)
+
+
+def test_register_adds_a_case_and_get_returns_a_copy(clean_registry: None) -> None:
+    register(make_case_class())
+    first, second = registry.get("good-case"), registry.get("good-case")
+    assert first is not second
+    assert list(first.fixes) == ["none"]
+    assert registry.names() == ["good-case"]
+
+
+def test_duplicate_name_is_an_error_naming_both_files(clean_registry: None) -> None:
+    register(make_case_class())
+    with pytest.raises(CaseContractError, match="duplicate case name 'good-case'"):
+        register(make_case_class())
+
+
+@pytest.mark.parametrize(
+    ("overrides", "problem"),
+    [
+        ({"name": "Bad Name"}, "lower-case words"),
+        ({"title": ""}, "missing title"),
+        ({"upstream": None}, "missing upstream"),
+        ({"failure": None}, "missing failure"),
+        ({"reference_fix": "nope"}, "reference_fix 'nope' is not one of its fixes"),
+        ({"modes": ("half", "turbo")}, "unknown mode 'turbo'"),
+        ({"dtypes": ("float8",)}, "unknown dtype 'float8'"),
+        ({"backends": ()}, "backends is empty"),
+        ({"none": None}, "no fix named 'none'"),
+        ({"build": Case.build}, "no build() method"),
+    ],
+)
+def test_malformed_cases_are_refused_with_the_problem(
+    clean_registry: None, overrides: dict[str, object], problem: str
+) -> None:
+    with pytest.raises(CaseContractError, match=re.escape(problem)) as info:
+        register(make_case_class(**overrides))
+    assert __file__.removesuffix("c") in str(info.value)
+    assert registry.names() == []
+
+
+def test_fix_without_rationale_is_refused(clean_registry: None) -> None:
+    bare = fix("none", rationale=" ")(lambda self, w, ctx: torch.zeros(1))
+    with pytest.raises(CaseContractError, match="fix 'none' has no rationale"):
+        register(make_case_class(none=bare))
+
+
+def test_every_builtin_module_registers_exactly_one_case(clean_registry: None) -> None:
+    discovery = registry.discover()
+    paths = registry.case_module_paths(registry.BUILTIN_CASES_DIR)
+    assert sorted(discovery.modules) == sorted(str(p) for p in paths)
+    assert all(len(names) == 1 for names in discovery.modules.values())
+    assert len(registry.names()) == len(paths) >= 4
+
+
+def test_seed_cases_are_discovered(clean_registry: None) -> None:
+    registry.discover()
+    for name in (
+        "dia-sdpa-kv-cache",
+        "lightning-encoder-fastpath",
+        "var-normalize-promotion",
+        "sana-softmax-float",
+    ):
+        assert name in registry.names()
+        assert "none" in registry.get(name).fixes
+
+
+def test_discovery_adds_external_cases_dir(clean_registry: None) -> None:
+    registry.discover([TOY_CASES])
+    assert "toy-mixed-matmul" in registry.names()
+    assert registry.get("toy-mixed-matmul").source_file.endswith("toy_mixed_matmul.py")
+
+
+def test_broken_external_case_names_its_file(clean_registry: None) -> None:
+    with pytest.raises(CaseContractError) as info:
+        registry.discover([BROKEN_CASES])
+    message = str(info.value)
+    assert "no_none_fix.py" in message
+    assert "no fix named 'none'" in message
+    assert "unknown mode 'turbo'" in message
+
+
+def test_missing_cases_dir_is_reported(clean_registry: None, tmp_path: Path) -> None:
+    with pytest.raises(CaseContractError, match="does not exist"):
+        registry.discover([tmp_path / "nowhere"])
+
+
+def test_module_that_fails_to_import_is_reported(clean_registry: None, tmp_path: Path) -> None:
+    (tmp_path / "bad_import.py").write_text("import not_a_module_anywhere\n")
+    with pytest.raises(CaseContractError, match=r"bad_import.py: failed to import"):
+        registry.discover([tmp_path])
+    assert not any("bad_import" in name for name in sys.modules)
+
+
+def test_module_registering_no_case_is_reported(clean_registry: None, tmp_path: Path) -> None:
+    (tmp_path / "empty_case.py").write_text('"""Nothing here."""\n')
+    with pytest.raises(CaseContractError, match="registers 0 cases, expected exactly one"):
+        registry.discover([tmp_path])
+
+
+def test_run_context_dtypes_follow_the_mode() -> None:
+    cpu = torch.device("cpu")
+    half = RunContext(cpu, torch.float16, "half", "sdpa")
+    auto = RunContext(cpu, torch.bfloat16, "autocast", "sdpa")
+    ref = RunContext(cpu, torch.float64, "half", "sdpa")
+    assert (half.model_dtype, half.upcast_dtype) == (torch.float16, torch.float32)
+    assert (auto.model_dtype, auto.upcast_dtype) == (torch.float32, torch.float32)
+    assert (ref.model_dtype, ref.upcast_dtype, ref.is_reference) == (
+        torch.float64,
+        torch.float64,
+        True,
+    )
+    with auto.autocast():
+        assert torch.is_autocast_enabled("cpu")
+    with half.autocast():
+        assert not torch.is_autocast_enabled("cpu")

@@ -1,0 +1,115 @@
+"""Results files: record round trip, env.json, corrupt input named by file and line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness import storage
+from harness.records import SCHEMA_VERSION, Cell, CellRecord, Numerics, Outcome
+
+CELL = Cell("case-a", "none", "cpu", "float16", "half", "sdpa")
+RECORDS = [
+    CellRecord(
+        CELL,
+        "2.13.0",
+        Outcome.RAISES,
+        reproduces=True,
+        error_type="RuntimeError",
+        error_message="Expected query, key, and value to have the same dtype <x>",
+        attn_dtype="float32+float16",
+        duration_s=0.01,
+        worker="gw0",
+    ),
+    CellRecord(
+        Cell("case-a", "fix-b", "cpu", "bfloat16", "autocast", "sdpa"),
+        "2.13.0",
+        Outcome.PASSES,
+        out_dtype="bfloat16",
+        attn_dtype="bfloat16",
+        numerics=Numerics(0.01, 0.002, 0.001, 0.003, "rule", True),
+    ),
+    CellRecord(
+        Cell("case-a", "none", "cuda", "float16", "half", "sdpa"),
+        "2.13.0",
+        Outcome.SKIPPED,
+        skip_reason="no CUDA device visible",
+    ),
+]
+
+
+def test_record_round_trip_through_dict() -> None:
+    for record in RECORDS:
+        assert CellRecord.from_dict(record.to_dict()) == record
+
+
+def test_record_has_the_documented_flat_fields() -> None:
+    data = RECORDS[1].to_dict()
+    for key in (
+        "schema_version",
+        "case",
+        "fix",
+        "device",
+        "dtype",
+        "mode",
+        "backend",
+        "torch_version",
+        "outcome",
+        "reproduces",
+        "error_type",
+        "error_message",
+        "out_dtype",
+        "attn_dtype",
+        "max_abs_err",
+        "rel_err",
+        "baseline_rel_err",
+        "tolerance",
+        "tolerance_rule",
+    ):
+        assert key in data
+    assert data["schema_version"] == SCHEMA_VERSION
+    assert data["outcome"] == "passes"
+
+
+def test_run_directory_round_trip(tmp_path: Path) -> None:
+    run_dir = storage.create_run_dir(tmp_path, "run")
+    storage.write_env(run_dir, {"torch_version": "2.13.0"})
+    for record in RECORDS:
+        storage.append_record(run_dir, record)
+    results = storage.read_run(run_dir)
+    assert results.env == {"torch_version": "2.13.0"}
+    assert results.records == RECORDS
+
+
+def test_run_dirs_are_never_reused(tmp_path: Path) -> None:
+    first = storage.create_run_dir(tmp_path, "same")
+    second = storage.create_run_dir(tmp_path, "same")
+    assert first != second and second.name == "same-2"
+
+
+def test_newer_schema_is_refused_naming_file_and_line(tmp_path: Path) -> None:
+    run_dir = storage.create_run_dir(tmp_path, "run")
+    storage.append_record(run_dir, RECORDS[0])
+    newer = dict(RECORDS[0].to_dict(), schema_version=SCHEMA_VERSION + 1)
+    with (run_dir / storage.CELLS_FILE).open("a") as f:
+        f.write(json.dumps(newer) + "\n")
+    with pytest.raises(storage.ResultsError, match=r"cells.jsonl:2: schema_version 2"):
+        storage.read_records(run_dir)
+
+
+def test_truncated_line_is_reported_with_its_number(tmp_path: Path) -> None:
+    run_dir = storage.create_run_dir(tmp_path, "run")
+    storage.append_record(run_dir, RECORDS[0])
+    with (run_dir / storage.CELLS_FILE).open("a") as f:
+        f.write('{"schema_version": 1, "case": "tru')
+    before = (run_dir / storage.CELLS_FILE).read_bytes()
+    with pytest.raises(storage.ResultsError, match=r"cells.jsonl:2"):
+        storage.read_records(run_dir)
+    assert (run_dir / storage.CELLS_FILE).read_bytes() == before
+
+
+def test_missing_env_is_reported(tmp_path: Path) -> None:
+    with pytest.raises(storage.ResultsError, match=r"env\.json: missing"):
+        storage.read_env(tmp_path)
