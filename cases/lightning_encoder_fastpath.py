@@ -13,17 +13,17 @@ by pytorch/pytorch#135936 (AutocastCPU policy for ``_addmm_activation``); same b
 #82783 (CUDA, fixed by #84722), #107663 (CPU), #191796 (XPU).
 
 The attention core of the fast path runs inside one native op, where no Python code can
-observe it; recording it with a TorchDispatchMode around the encoder changes the outcome (the
-native op is then redispatched without autocast and passes). So only the Python attention
-(``self_attn``, taken when the fast path is off) is recorded, through module hooks that leave
-the fast-path decision alone.
+observe it, and observing the encoder changes the path: a TorchDispatchMode around it makes
+the native op run without autocast inside (torch 2.4.1 then passes), and module hooks turn the
+fast path off on newer torch. So the attention core (``self_attn``) is recorded only when the
+fast path is disabled; where it may be taken the observation stays empty.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -61,21 +61,25 @@ def param_dtype(module: nn.Module) -> torch.dtype:
 
 @contextmanager
 def record_self_attention(encoder: nn.TransformerEncoder, ctx: RunContext) -> Iterator[None]:
-    """Record the dtypes of every Python ``self_attn`` call (the fast path makes none)."""
+    """Record the dtypes of every Python ``self_attn`` call, only when the fast path is off.
+
+    Forward hooks would themselves turn the fast path off on newer torch ("forward pre-/hooks
+    are attached to the module"), so none are attached while it may be taken.
+    """
+    recording = ExitStack()
+
+    def start(*_: Any) -> None:
+        recording.enter_context(ctx.attention_core())
+
+    def stop(*_: Any) -> None:
+        recording.close()
+
     with ExitStack() as cleanup:
-        recording = ExitStack()
         cleanup.callback(recording.close)
-        for layer in encoder.layers:
-            attn: nn.Module = layer.self_attn
-
-            def start(*_: Any) -> None:
-                recording.enter_context(ctx.attention_core())
-
-            def stop(*_: Any) -> None:
-                recording.close()
-
-            cleanup.callback(attn.register_forward_pre_hook(start).remove)
-            cleanup.callback(attn.register_forward_hook(stop).remove)
+        hooked = () if torch.backends.mha.get_fastpath_enabled() else encoder.layers
+        for layer in hooked:
+            cleanup.callback(layer.self_attn.register_forward_pre_hook(start).remove)
+            cleanup.callback(layer.self_attn.register_forward_hook(stop).remove)
         yield
 
 
@@ -90,9 +94,12 @@ def fastpath_disabled() -> Iterator[None]:
         torch.backends.mha.set_fastpath_enabled(previous)
 
 
-def encode(encoder: nn.TransformerEncoder, src: torch.Tensor, ctx: RunContext) -> torch.Tensor:
-    """Inference as in #132613: no_grad, the cell's autocast, the attention recorded."""
-    with torch.no_grad(), ctx.autocast(), record_self_attention(encoder, ctx):
+def encode(
+    encoder: nn.TransformerEncoder, src: torch.Tensor, ctx: RunContext, autocast: bool = True
+) -> torch.Tensor:
+    """Inference as in #132613: no_grad, the cell's autocast (if asked), attention recorded."""
+    amp = ctx.autocast() if autocast else nullcontext()
+    with torch.no_grad(), amp, record_self_attention(encoder, ctx):
         out: torch.Tensor = encoder(src)
     return out
 
@@ -100,19 +107,20 @@ def encode(encoder: nn.TransformerEncoder, src: torch.Tensor, ctx: RunContext) -
 def encode_outside_autocast(
     encoder: nn.TransformerEncoder, src: torch.Tensor, ctx: RunContext
 ) -> torch.Tensor:
-    """Autocast switched off around the encoder; it runs in its weights' dtype (fp32)."""
+    """Autocast switched off around the encoder; it runs in its weights' dtype (fp32).
+
+    Upstream code would write ``src.float()``; the weights' dtype is float32 in the autocast
+    cells and float64 in the reference, so nothing is forced to float32 there.
+    """
     with ctx.autocast(), torch.autocast(ctx.device.type, enabled=False):
-        return encode(encoder, src.to(param_dtype(encoder)), ctx)
+        return encode(encoder, src.to(param_dtype(encoder)), ctx, autocast=False)
 
 
 def encode_cast_to(
     encoder: nn.TransformerEncoder, src: torch.Tensor, ctx: RunContext, dtype: torch.dtype
 ) -> torch.Tensor:
     """``bf16-true``: a copy of the model and the input cast to ``dtype``, no autocast."""
-    model = copy.deepcopy(encoder).to(dtype)
-    with torch.no_grad(), record_self_attention(model, ctx):
-        out: torch.Tensor = model(src.to(dtype))
-    return out
+    return encode(copy.deepcopy(encoder).to(dtype), src.to(dtype), ctx, autocast=False)
 
 
 @register
