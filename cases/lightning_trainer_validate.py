@@ -1,0 +1,167 @@
+"""Lightning ``trainer.validate`` with ``bf16-mixed`` on the CPU: the encoder fast path fails.
+
+Upstream: Lightning-AI/pytorch-lightning#19980. A LightningModule holding an
+``nn.TransformerEncoder`` validates with ``Trainer(accelerator="cpu", precision="bf16-mixed")``:
+Lightning puts the module in eval mode, runs ``validation_step`` under ``torch.inference_mode``
+and the precision plugin's ``torch.autocast("cpu", dtype=torch.bfloat16)``, so the encoder
+takes the native fast path that torch 2.4.1 does not autocast correctly on the CPU
+(pytorch/pytorch#132613; the mechanism is in :mod:`cases.lightning_encoder_fastpath`).
+``bf16-true`` (model and batch cast, no autocast) works. ``16-mixed`` on the CPU is turned
+into ``bf16-mixed`` by Lightning's accelerator connector.
+
+Lightning is imported lazily, so the module imports (and the harness skips the case) where it
+is not installed. The float64 reference is the ``half-true`` fix, which runs a real Trainer
+with ``precision="64-true"`` there.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from cases.lightning_encoder_fastpath import (
+    MAT1_MAT2_DTYPES,
+    build_encoder,
+    build_source,
+    fastpath_disabled,
+    record_self_attention,
+)
+from harness.case import Case, FailureSignature, RunContext, Upstream, Workload, fix
+from harness.registry import register
+
+LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning")
+Precision = Literal["64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"]
+
+
+def precision_flag(ctx: RunContext, true_precision: bool) -> Precision:
+    """The Trainer ``precision`` for a cell: ``*-mixed`` for autocast, ``*-true`` otherwise."""
+    if ctx.is_reference:
+        return "64-true"
+    if ctx.mode == "fp32" or ctx.dtype == torch.float32:
+        return "32-true"
+    mixed = ctx.mode == "autocast" and not true_precision
+    if ctx.dtype == torch.bfloat16:
+        return "bf16-mixed" if mixed else "bf16-true"
+    return "16-mixed" if mixed else "16-true"
+
+
+@contextmanager
+def quiet_lightning() -> Iterator[None]:
+    """Silence Lightning's console info and warnings; restore the logger levels after."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loggers = [logging.getLogger(name) for name in LIGHTNING_LOGGERS]
+        levels = [lg.level for lg in loggers]
+        for lg in loggers:
+            lg.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for lg, level in zip(loggers, levels, strict=True):
+                lg.setLevel(level)
+
+
+def validation_module(encoder: nn.TransformerEncoder, ctx: RunContext) -> Any:
+    """A LightningModule whose ``validation_step`` runs the encoder and keeps its output."""
+    import lightning.pytorch as pl
+
+    class EncoderValidation(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = encoder
+            self.outputs: list[torch.Tensor] = []
+
+        def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+            with record_self_attention(self.encoder, ctx):
+                self.outputs.append(self.encoder(batch[0]))
+
+    return EncoderValidation()
+
+
+def validate_with_trainer(
+    encoder: nn.TransformerEncoder, src: torch.Tensor, ctx: RunContext, precision: Precision
+) -> torch.Tensor:
+    """``trainer.validate`` over a one-batch DataLoader; returns the encoder's output."""
+    import lightning.pytorch as pl
+
+    module = validation_module(copy.deepcopy(encoder), ctx)
+    loader = DataLoader(TensorDataset(src), batch_size=len(src))
+    with quiet_lightning():
+        trainer = pl.Trainer(
+            accelerator="cpu",
+            devices=1,
+            precision=precision,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            max_epochs=1,
+        )
+        trainer.validate(module, dataloaders=loader, verbose=False)
+    out: torch.Tensor = module.outputs[0]
+    return out
+
+
+@register
+class LightningTrainerValidate(Case):
+    name = "lightning-trainer-validate"
+    title = "Lightning bf16-mixed validate on CPU: TransformerEncoder fast path mixes dtypes"
+    upstream = Upstream(
+        repo="Lightning-AI/pytorch-lightning",
+        file="src/lightning/pytorch/plugins/precision/amp.py",
+        commit="2.3.3",
+        issues=(
+            "Lightning-AI/pytorch-lightning#19980",
+            "pytorch/pytorch#132613",
+            "pytorch/pytorch#135936",
+        ),
+        url="https://github.com/Lightning-AI/pytorch-lightning/issues/19980",
+    )
+    failure = FailureSignature(error_type="RuntimeError", message=MAT1_MAT2_DTYPES)
+    reference_fix = "half-true"
+    devices = ("cpu",)
+    dtypes = ("float16", "bfloat16")
+    modes = ("autocast", "fp32")
+    backends = ("sdpa",)
+    requires = ("lightning",)
+
+    def build(self, ctx: RunContext) -> Workload:
+        encoder = build_encoder()
+        src = build_source()
+        return Workload(model=ctx.place(encoder), inputs={"src": ctx.tensor(src)})
+
+    @fix(
+        "none",
+        rationale="Trainer(precision='bf16-mixed'/'16-mixed').validate: autocast + fast path",
+        upstream="Lightning-AI/pytorch-lightning#19980",
+    )
+    def none(self, w: Workload, ctx: RunContext) -> torch.Tensor:
+        precision = precision_flag(ctx, true_precision=False)
+        return validate_with_trainer(w.model, w.inputs["src"], ctx, precision)
+
+    @fix(
+        "disable-fastpath",
+        rationale="torch.backends.mha.set_fastpath_enabled(False) around trainer.validate",
+        upstream="pytorch/pytorch#132613 (workaround)",
+    )
+    def disable_fastpath(self, w: Workload, ctx: RunContext) -> torch.Tensor:
+        precision = precision_flag(ctx, true_precision=False)
+        with fastpath_disabled():
+            return validate_with_trainer(w.model, w.inputs["src"], ctx, precision)
+
+    @fix(
+        "half-true",
+        rationale="Trainer(precision='bf16-true'/'16-true'): model and batch cast, no autocast",
+        upstream="Lightning-AI/pytorch-lightning#19980 (bf16-true works)",
+    )
+    def half_true(self, w: Workload, ctx: RunContext) -> torch.Tensor:
+        precision = precision_flag(ctx, true_precision=True)
+        return validate_with_trainer(w.model, w.inputs["src"], ctx, precision)
