@@ -19,13 +19,32 @@ def short_outcome(record: CellRecord) -> str:
     return record.outcome.value
 
 
-def column_key(record: CellRecord, show_device: bool, show_backend: bool) -> str:
+DTYPE_ORDER = ("float16", "bfloat16", "float32")
+MODE_ORDER = ("autocast", "half", "fp32")
+
+
+def column_key(record: CellRecord, show_device: bool) -> tuple[str, ...]:
     cell = record.cell
-    parts = [cell.device] if show_device else []
-    parts += [cell.dtype, cell.mode]
-    if show_backend:
-        parts.append(cell.backend)
-    return "/".join(parts)
+    return ((cell.device,) if show_device else ()) + (cell.dtype, cell.mode)
+
+
+def column_order(key: tuple[str, ...]) -> tuple[object, ...]:
+    *device, dtype, mode = key
+    return (*device, _rank(DTYPE_ORDER, dtype), _rank(MODE_ORDER, mode), key)
+
+
+def _rank(order: tuple[str, ...], value: str) -> int:
+    return order.index(value) if value in order else len(order)
+
+
+def row_key(record: CellRecord, show_backend: bool) -> str:
+    return f"{record.cell.fix} [{record.cell.backend}]" if show_backend else record.cell.fix
+
+
+def row_order(records: Sequence[CellRecord], show_backend: bool) -> list[str]:
+    """Rows: the upstream path ``none`` first, then fixes by name; backends grouped."""
+    ordered = sorted(records, key=lambda r: (r.cell.fix != "none", r.cell.fix, r.cell.backend))
+    return list(dict.fromkeys(row_key(r, show_backend) for r in ordered))
 
 
 def case_table(records: Sequence[CellRecord]) -> list[str]:
@@ -35,11 +54,12 @@ def case_table(records: Sequence[CellRecord]) -> list[str]:
         return []
     show_device = len({r.cell.device for r in ran}) > 1
     show_backend = len({r.cell.backend for r in ran}) > 1
-    columns = sorted({column_key(r, show_device, show_backend) for r in ran})
-    fixes = list(dict.fromkeys(r.cell.fix for r in ran))
-    grid = {(r.cell.fix, column_key(r, show_device, show_backend)): short_outcome(r) for r in ran}
-    rows = [["fix", *columns]]
-    rows += [[fix, *(grid.get((fix, c), "-") for c in columns)] for fix in fixes]
+    columns = sorted({column_key(r, show_device) for r in ran}, key=column_order)
+    grid = {(row_key(r, show_backend), column_key(r, show_device)): short_outcome(r) for r in ran}
+    rows = [["fix", *("/".join(c) for c in columns)]]
+    rows += [
+        [row, *(grid.get((row, c), "-") for c in columns)] for row in row_order(ran, show_backend)
+    ]
     return format_rows(rows)
 
 
@@ -58,7 +78,7 @@ def skipped_lines(records: Iterable[CellRecord]) -> list[str]:
 def render_summary(records: Sequence[CellRecord]) -> str:
     """The whole summary: a table per case, outcome counts, and skip reasons."""
     lines: list[str] = []
-    for case in dict.fromkeys(r.cell.case for r in records):
+    for case in sorted({r.cell.case for r in records}):
         table = case_table([r for r in records if r.cell.case == case])
         lines += [f"{case}", *("  " + row for row in table), ""]
     counts = Counter(r.outcome.value for r in records)

@@ -1,0 +1,61 @@
+"""The terminal summary table."""
+
+from __future__ import annotations
+
+from harness.records import Cell, CellRecord, Outcome
+from harness.summary import render_summary
+
+
+def record(
+    fix: str,
+    dtype: str,
+    mode: str,
+    outcome: Outcome,
+    reproduces: bool | None = None,
+    backend: str = "sdpa",
+) -> CellRecord:
+    cell = Cell("case-a", fix, "cpu", dtype, mode, backend)
+    return CellRecord(cell, "2.13.0", outcome, reproduces=reproduces)
+
+
+def test_summary_table_rows_columns_and_counts() -> None:
+    records = [
+        record("cast", "bfloat16", "half", Outcome.PASSES),
+        record("none", "bfloat16", "half", Outcome.RAISES, reproduces=True),
+        record("none", "float16", "half", Outcome.RAISES, reproduces=False),
+        record("none", "float32", "fp32", Outcome.PASSES),
+        record("cast", "float16", "half", Outcome.INACCURATE),
+        CellRecord(
+            Cell("case-a", "none", "cuda", "float16", "half", "sdpa"),
+            "2.13.0",
+            Outcome.SKIPPED,
+            skip_reason="no CUDA device visible",
+        ),
+    ]
+    expected = [
+        "case-a",
+        "  fix   float16/half  bfloat16/half  float32/fp32",
+        "  none  raises:OTHER  raises:repro   passes",
+        "  cast  inaccurate    passes         -",
+        "",
+        "outcomes: 1 inaccurate, 2 passes, 2 raises, 1 skipped",
+        "     1 skipped: no CUDA device visible",
+    ]
+    assert render_summary(records).splitlines()[: len(expected)] == expected
+
+
+def test_backends_become_part_of_the_row_when_several_ran() -> None:
+    records = [
+        record(
+            "none",
+            "float16",
+            "autocast",
+            Outcome.RAISES,
+            reproduces=True,
+            backend="flash-attn-contract",
+        ),
+        record("none", "float16", "autocast", Outcome.PASSES, backend="sdpa"),
+    ]
+    lines = render_summary(records).splitlines()
+    assert lines[2].split() == ["none", "[flash-attn-contract]", "raises:repro"]
+    assert lines[3].split() == ["none", "[sdpa]", "passes"]
