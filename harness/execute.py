@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import torch
@@ -83,27 +83,33 @@ def run_fix_in_cell(case: Case, cell: Cell) -> FixResult:
     return FixResult(output, None, ctx.observation.summary())
 
 
-def classify(case: Case, cell: Cell, result: FixResult) -> dict[str, object]:
-    """Outcome and its evidence, as CellRecord fields."""
+def classify(case: Case, cell: Cell, result: FixResult, record: CellRecord) -> CellRecord:
+    """Fill in the outcome and its evidence: the error, or the figures against the reference."""
     if result.error is not None:
-        error_type = type(result.error).__name__
-        message = str(result.error)[:MAX_MESSAGE]
-        assert case.failure is not None
-        return {
-            "outcome": Outcome.RAISES,
-            "reproduces": case.failure.matches(error_type, message),
-            "error_type": error_type,
-            "error_message": message,
-        }
+        return raised(case, result.error, record)
     assert result.output is not None
     numerics, problem = compare_with_reference(case, cell, result.output)
     passed = problem is None and numerics is not None and within_tolerance(numerics)
-    return {
-        "outcome": Outcome.PASSES if passed else Outcome.INACCURATE,
-        "out_dtype": dtype_name(result.output.dtype),
-        "numerics": numerics,
-        "error_message": problem,
-    }
+    return replace(
+        record,
+        outcome=Outcome.PASSES if passed else Outcome.INACCURATE,
+        out_dtype=dtype_name(result.output.dtype),
+        numerics=numerics,
+        error_message=problem,
+    )
+
+
+def raised(case: Case, error: BaseException, record: CellRecord) -> CellRecord:
+    error_type = type(error).__name__
+    message = str(error)[:MAX_MESSAGE]
+    assert case.failure is not None
+    return replace(
+        record,
+        outcome=Outcome.RAISES,
+        reproduces=case.failure.matches(error_type, message),
+        error_type=error_type,
+        error_message=message,
+    )
 
 
 def compare_with_reference(
@@ -121,16 +127,16 @@ def run_cell(cell: Cell, worker: str | None = None) -> CellRecord:
     case = registry.get(cell.case)
     started = time.perf_counter()
     result = run_fix_in_cell(case, cell)
-    fields = classify(case, cell, result)
-    return CellRecord(
+    record = CellRecord(
         cell=cell,
         torch_version=torch.__version__,
+        outcome=Outcome.CRASHED,  # replaced by classify()
         attn_dtype=result.attn_dtype,
         note=CONTRACT_NOTE if cell.backend == "flash-attn-contract" else None,
-        duration_s=round(time.perf_counter() - started, 6),
         worker=worker,
-        **fields,  # type: ignore[arg-type]
     )
+    record = classify(case, cell, result, record)
+    return replace(record, duration_s=round(time.perf_counter() - started, 6))
 
 
 def skipped_record(cell: Cell, reason: str) -> CellRecord:
