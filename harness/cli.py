@@ -30,6 +30,12 @@ def split_values(values: Sequence[str] | None) -> tuple[str, ...]:
     return tuple(v for value in values or () for v in value.split(",") if v)
 
 
+def worker_count_arg(value: str) -> str:
+    if value == "auto" or (value.isdigit() and int(value) >= 0):
+        return value
+    raise argparse.ArgumentTypeError(f"{value!r} is not 'auto' or a number of workers")
+
+
 def add_cases_dir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cases-dir",
@@ -66,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-n",
         "--workers",
         default="auto",
+        type=worker_count_arg,
         help="worker processes (default auto: one per core; 0: in-process)",
     )
     return parser

@@ -146,11 +146,13 @@ def skipped_record(cell: Cell, reason: str) -> CellRecord:
 
 
 def crashed_record(cell: Cell, message: str, worker: str | None = None) -> CellRecord:
+    """A cell whose worker process died, or on which the harness itself failed."""
+    worker_died = "crashed while running" in message
     return CellRecord(
         cell=cell,
         torch_version=torch.__version__,
         outcome=Outcome.CRASHED,
-        error_type="HarnessError",
+        error_type="WorkerCrashed" if worker_died else "HarnessError",
         error_message=message[:MAX_MESSAGE],
         worker=worker,
     )

@@ -75,6 +75,7 @@ def test_a_crashing_cell_costs_only_itself(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     records = {r.cell.fix: r for r in storage.read_records(only_run_dir(tmp_path))}
     assert records["abort"].outcome is Outcome.CRASHED
+    assert records["abort"].error_type == "WorkerCrashed"
     assert records["none"].outcome is Outcome.PASSES
 
 
