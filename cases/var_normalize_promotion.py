@@ -158,15 +158,6 @@ class VarNormalizePromotion(Case):
     #: sdpa first: the float64 reference runs on the first backend, on the CPU.
     backends = ("sdpa", "flash-attn", "flash-attn-contract")
 
-    def skip_reason(self, ctx: RunContext) -> str | None:
-        if ctx.backend != "flash-attn":
-            return None
-        if ctx.device.type != "cuda":
-            return "flash-attn needs CUDA"
-        if load_flash_attn_func() is None:
-            return "flash_attn not installed"
-        return None
-
     def build(self, ctx: RunContext) -> Workload:
         model = VarSelfAttention(EMBED_DIM, NUM_HEADS, _kernel_for(ctx.backend)).eval()
         scales = [torch.randn(BATCH, pn * pn, EMBED_DIM) for pn in PATCH_NUMS]

@@ -23,8 +23,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from harness.axes import LOW_PRECISION_DTYPES, dtype_name
+from harness.axes import LOW_PRECISION_DTYPES
 from harness.observe import CoreObservation, record_core_dtypes
+from harness.records import Cell
 
 
 @dataclass(frozen=True)
@@ -163,8 +164,9 @@ class Case:
         """Build the model and inputs for a cell. The harness seeds the RNG first."""
         raise NotImplementedError
 
-    def skip_reason(self, ctx: RunContext) -> str | None:
-        """A case-specific reason this cell cannot run here, or None."""
+    def skip_reason(self, cell: Cell) -> str | None:
+        """A case-specific reason this cell cannot run here, or None (checked after the
+        environment's own reasons: device, dtype support, backend, ``requires``)."""
         return None
 
     @property
@@ -182,9 +184,3 @@ class Case:
 
     def describe(self) -> str:
         return f"{self.name}: {self.title}"
-
-
-def describe_dtypes(*tensors: torch.Tensor) -> str:
-    """``float16`` if all tensors share a dtype, else ``q=float32,k=float16,...``."""
-    names = [dtype_name(t.dtype) for t in tensors]
-    return names[0] if len(set(names)) == 1 else ",".join(names)

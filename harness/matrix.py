@@ -96,7 +96,7 @@ def case_cells(case: Case, devices: Sequence[str]) -> Iterator[Cell]:
 
 
 def skip_reason(case: Case, cell: Cell) -> str | None:
-    return environment_skip_reason(cell, case.requires)
+    return environment_skip_reason(cell, case.requires) or case.skip_reason(cell)
 
 
 def expand(cases: Iterable[Case], selection: Selection = Selection()) -> Plan:

@@ -91,3 +91,15 @@ def test_missing_requirement_skips_with_the_module_name() -> None:
         Cell("c", "none", "cpu", "float16", "half", "sdpa"), ("surely_not_installed_mod",)
     )
     assert reason == "surely_not_installed_mod not importable in this environment"
+
+
+def test_case_specific_skip_reason_is_recorded(
+    toy: list[Case], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def skip_noisy(self: Case, cell: Cell) -> str | None:
+        return "noisy is not meant for bfloat16" if cell.fix == "noisy" else None
+
+    monkeypatch.setattr(type(toy[0]), "skip_reason", skip_noisy)
+    plan = expand(toy, Selection(devices=("cpu",), dtypes=("bfloat16",)))
+    assert [(c.fix, r) for c, r in plan.skipped] == [("noisy", "noisy is not meant for bfloat16")]
+    assert "noisy" not in {c.fix for c in plan.to_run}
