@@ -18,8 +18,8 @@ DEFAULT_TORCH = "2.13.0"
 #: Torch versions this project knows, with the Lightning release that matches each
 #: (the oldest Lightning that supports a torch release is used for it, as users would have).
 LIGHTNING_FOR_TORCH = {
-    "2.4.1": "2.3.3",
-    "2.13.0": "2.6.6",
+    "2.4.1": ("lightning==2.3.3", "setuptools<70"),  # 2.3.3 imports pkg_resources
+    "2.13.0": ("lightning==2.6.6",),
 }
 #: torch releases built against NumPy 1.x.
 NUMPY_PIN = {"2.4.1": "numpy<2"}
@@ -35,16 +35,15 @@ def install_with_torch(session: nox.Session, version: str, *packages: str) -> No
     session.install(f"torch=={version}", NUMPY_PIN.get(version, "numpy"), *packages)
 
 
-def lightning_requirement(version: str) -> str:
-    pinned = LIGHTNING_FOR_TORCH.get(version)
-    return f"lightning=={pinned}" if pinned else "lightning"
+def lightning_requirements(version: str) -> tuple[str, ...]:
+    return LIGHTNING_FOR_TORCH.get(version, ("lightning",))
 
 
 @nox.session(python=PYTHON)
 def matrix(session: nox.Session) -> None:
     """Run every case on every available device; arguments after -- go to `harness run`."""
     version = torch_version()
-    install_with_torch(session, version, "-e", ".", lightning_requirement(version))
+    install_with_torch(session, version, "-e", ".", *lightning_requirements(version))
     session.run("python", "-m", "harness", "run", *session.posargs)
 
 
@@ -52,7 +51,7 @@ def matrix(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The harness's own tests, spread over all cores."""
     install_with_torch(
-        session, DEFAULT_TORCH, "-e", ".[test]", lightning_requirement(DEFAULT_TORCH)
+        session, DEFAULT_TORCH, "-e", ".[test]", *lightning_requirements(DEFAULT_TORCH)
     )
     session.run("pytest", "-n", "auto", *session.posargs)
 
