@@ -76,7 +76,8 @@ def record_self_attention(encoder: nn.TransformerEncoder, ctx: RunContext) -> It
 
     with ExitStack() as cleanup:
         cleanup.callback(recording.close)
-        hooked = () if torch.backends.mha.get_fastpath_enabled() else encoder.layers
+        fastpath_possible = torch.backends.mha.get_fastpath_enabled()
+        hooked = () if fastpath_possible or not ctx.observe else encoder.layers
         for layer in hooked:
             cleanup.callback(layer.self_attn.register_forward_pre_hook(start).remove)
             cleanup.callback(layer.self_attn.register_forward_hook(stop).remove)

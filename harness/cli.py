@@ -13,6 +13,7 @@ from harness.matrix import Selection, SelectionError
 from harness.registry import CaseContractError
 from harness.run import RunOptions, discover_cases, run
 from harness.summary import render_summary
+from harness.timing import TimingConfig
 
 #: ``--flag`` -> the Selection field it fills.
 AXIS_FLAGS = {
@@ -75,7 +76,30 @@ def build_parser() -> argparse.ArgumentParser:
         type=worker_count_arg,
         help="worker processes (default auto: one per core; 0: in-process)",
     )
+    run_parser.add_argument(
+        "--no-timing", action="store_true", help="skip the timing phase (correctness only)"
+    )
+    run_parser.add_argument(
+        "--time-budget",
+        type=positive_float,
+        default=TimingConfig.budget_s,
+        metavar="SECONDS",
+        help=f"sampling time allowed per timed cell (default {TimingConfig.budget_s})",
+    )
+    run_parser.add_argument(
+        "--flush-l2", action="store_true", help="on CUDA, flush the L2 cache before each sample"
+    )
     return parser
+
+
+def positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive number")
+    return number
 
 
 def describe_case(case: Case) -> list[str]:
@@ -121,6 +145,8 @@ def command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         results_root=args.out,
         workers=args.workers,
         command=("python -m harness", *argv),
+        timing=not args.no_timing,
+        timing_config=TimingConfig(budget_s=args.time_budget, flush_l2=args.flush_l2),
     )
     run_dir = run(options)
     records = storage.read_records(run_dir)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import Any
 
 import torch
 
@@ -13,7 +15,9 @@ from harness import registry
 from harness.axes import dtype_name, dtype_of
 from harness.case import Case, RunContext
 from harness.numerics import judge, relative_error, within_tolerance
+from harness.perf import timed_perf
 from harness.records import Cell, CellRecord, Numerics, Outcome
+from harness.timing import TimingConfig
 
 #: Every cell of a case builds from the same seed, so all fixes and the reference see the
 #: same weights and inputs.
@@ -156,3 +160,38 @@ def crashed_record(cell: Cell, message: str, worker: str | None = None) -> CellR
         error_message=message[:MAX_MESSAGE],
         worker=worker,
     )
+
+
+TIMED_OUTCOMES = (Outcome.PASSES, Outcome.INACCURATE)
+
+
+def prepare_call(cell: Cell) -> tuple[Callable[[], Any], torch.device]:
+    """The cell's fix as a zero-argument call on a workload built once (seeded as always)."""
+    case = registry.get(cell.case)
+    device = torch.device(cell.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    ctx = RunContext(device, dtype_of(cell.dtype), cell.mode, cell.backend, observe=False)
+    seed_everything()
+    workload = case.build(ctx)
+    return (lambda: case.run_fix(cell.fix, workload, ctx)), device
+
+
+def time_cell(record: CellRecord, config: TimingConfig, worker: str | None = None) -> CellRecord:
+    """Add speed, throughput and memory to the record of a cell that ran."""
+    call, device = prepare_call(record.cell)
+    try:
+        first, second = call(), call()
+        perf = replace(timed_perf(call, device, record.cell.dtype, config), timing_worker=worker)
+    except Exception as error:
+        note = f"timing failed: {type(error).__name__}: {error}"[:MAX_MESSAGE]
+        return replace(record, note=join_notes(record.note, note))
+    if not torch.allclose(first, second, rtol=0, atol=0, equal_nan=True):
+        note = "output changed between repeated calls: the timed work is not the checked work"
+        return replace(record, perf=perf, note=join_notes(record.note, note))
+    return replace(record, perf=perf)
+
+
+def join_notes(*notes: str | None) -> str | None:
+    kept = [n for n in notes if n]
+    return "; ".join(kept) if kept else None

@@ -56,6 +56,32 @@ class Numerics:
 
 
 @dataclass(frozen=True)
+class Perf:
+    """Speed, throughput and memory of a cell that ran (see ``harness.perf``)."""
+
+    time_samples: list[float]
+    time_block: int
+    time_median_s: float
+    time_iqr_s: float
+    time_min_s: float
+    time_count: int
+    time_noisy: bool
+    timer: str
+    threads: int
+    flops: int
+    gflops: float | None
+    peak_gflops: float | None
+    peak_fraction: float | None
+    peak_mem_bytes: int
+    mem_method: str
+    timing_worker: str | None = None
+
+
+#: Sub-records flattened into the record's JSON object, and the field that says one is there.
+NESTED = {"numerics": (Numerics, "tolerance"), "perf": (Perf, "time_median_s")}
+
+
+@dataclass(frozen=True)
 class CellRecord:
     """What one cell did. Flattened to one JSON object per line in ``cells.jsonl``."""
 
@@ -72,17 +98,20 @@ class CellRecord:
     note: str | None = None
     duration_s: float | None = None
     worker: str | None = None
+    perf: Perf | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"schema_version": SCHEMA_VERSION, **self.cell.to_dict()}
         for f in dataclasses.fields(self):
-            if f.name in ("cell", "numerics"):
+            if f.name == "cell":
                 continue
             value = getattr(self, f.name)
-            data[f.name] = value.value if isinstance(value, Outcome) else value
-        numerics = dataclasses.asdict(self.numerics) if self.numerics else {}
-        for f in dataclasses.fields(Numerics):
-            data[f.name] = numerics.get(f.name)
+            if f.name in NESTED:
+                kind = NESTED[f.name][0]
+                nested = dataclasses.asdict(value) if value else {}
+                data.update({g.name: nested.get(g.name) for g in dataclasses.fields(kind)})
+            else:
+                data[f.name] = value.value if isinstance(value, Outcome) else value
         return data
 
     @classmethod
@@ -93,17 +122,15 @@ class CellRecord:
                 f"schema_version {version!r} is not supported (this ampmatrix reads up to "
                 f"{SCHEMA_VERSION}); upgrade ampmatrix to read it"
             )
-        numerics = None
-        if data.get("tolerance") is not None:
-            numerics = Numerics(**{f.name: data[f.name] for f in dataclasses.fields(Numerics)})
+        nested: dict[str, Any] = {
+            name: kind(**{f.name: data[f.name] for f in dataclasses.fields(kind)})
+            if data.get(marker) is not None
+            else None
+            for name, (kind, marker) in NESTED.items()
+        }
         plain: dict[str, Any] = {
             f.name: data.get(f.name)
             for f in dataclasses.fields(cls)
-            if f.name not in ("cell", "numerics", "outcome")
+            if f.name not in ("cell", "outcome", *NESTED)
         }
-        return cls(
-            cell=Cell.from_dict(data),
-            outcome=Outcome(data["outcome"]),
-            numerics=numerics,
-            **plain,
-        )
+        return cls(cell=Cell.from_dict(data), outcome=Outcome(data["outcome"]), **nested, **plain)

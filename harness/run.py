@@ -1,16 +1,22 @@
-"""The run pipeline: discover -> expand -> select -> run -> store.
+"""The run pipeline: discover -> expand -> select -> run -> time -> store.
 
 Each step is a small function taking the previous one's output. Cells run as pytest items
 (see ``harness.pytest_plugin``) so pytest-xdist can spread them over worker processes.
+
+Two phases: correctness runs in parallel; then the cells that ran are timed with nothing
+else on their device: one worker per device (``xdist_group``), so on the CPU the timing
+phase is serial, and on a GPU box each GPU's cells are timed by the one worker that owns it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -20,6 +26,8 @@ from harness.case import Case
 from harness.environment import capture_environment, now_iso
 from harness.matrix import Plan, Selection, check_selection, expand
 from harness.pytest_plugin import Controller
+from harness.records import CellRecord
+from harness.timing import TimingConfig
 
 
 @dataclass(frozen=True)
@@ -29,6 +37,8 @@ class RunOptions:
     results_root: Path = Path("results")
     workers: str = "auto"
     command: tuple[str, ...] = field(default_factory=tuple)
+    timing: bool = True
+    timing_config: TimingConfig = field(default_factory=TimingConfig)
 
 
 def discover_cases(cases_dirs: Sequence[Path]) -> list[Case]:
@@ -53,12 +63,12 @@ def record_skipped(run_dir: Path, plan: Plan) -> None:
         storage.append_record(run_dir, execute.skipped_record(cell, reason))
 
 
-def write_plan(run_dir: Path, plan: Plan, cases_dirs: Sequence[Path]) -> Path:
-    path = run_dir / storage.PLAN_FILE
+def write_plan(run_dir: Path, name: str, cases_dirs: Sequence[Path], **items: Any) -> Path:
+    path = run_dir / name
     data = {
         "run_dir": str(run_dir.resolve()),
         "cases_dirs": [str(Path(d).resolve()) for d in cases_dirs],
-        "cells": [cell.to_dict() for cell in plan.to_run],
+        **items,
     }
     path.write_text(json.dumps(data, indent=1) + "\n")
     return path
@@ -75,13 +85,15 @@ def worker_count(workers: str, cells: int) -> int:
 DISABLED_PLUGINS = ("cacheprovider", "terminal", "randomly")
 
 
-def pytest_args(plan_path: Path, workers: int) -> list[str]:
+def pytest_args(plan_path: Path, workers: int, grouped: bool = False) -> list[str]:
     args = [str(plan_path), "-c", os.devnull, "--rootdir", str(plan_path.parent)]
     args += ["-p", "harness.pytest_plugin", "--assert=plain"]
     for plugin in DISABLED_PLUGINS:
         args += ["-p", f"no:{plugin}"]
     if workers > 0:  # even one worker runs in its own process, so a crash costs one cell
         args += ["-n", str(workers)]
+        if grouped:
+            args += ["--dist", "loadgroup"]
     return args
 
 
@@ -89,25 +101,65 @@ def threads_per_worker(workers: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, workers))
 
 
+def run_pytest(args: list[str], controller: Controller, threads: int) -> int:
+    os.environ["AMPMATRIX_THREADS"] = str(threads)
+    return int(pytest.main(args, plugins=[controller]))
+
+
 def execute_cells(run_dir: Path, plan: Plan, workers: int, cases_dirs: Sequence[Path]) -> int:
-    """Run the cells as pytest items; returns pytest's exit code."""
+    """Correctness phase: run the cells as pytest items; returns pytest's exit code."""
     if not plan.to_run:
         return 0
-    plan_path = write_plan(run_dir, plan, cases_dirs)
-    os.environ["AMPMATRIX_THREADS"] = str(threads_per_worker(workers))
+    cells = [cell.to_dict() for cell in plan.to_run]
+    plan_path = write_plan(run_dir, storage.PLAN_FILE, cases_dirs, cells=cells)
     controller = Controller(run_dir, plan.to_run)
-    return int(pytest.main(pytest_args(plan_path, workers), plugins=[controller]))
+    return run_pytest(pytest_args(plan_path, workers), controller, threads_per_worker(workers))
 
 
-def finish_run(run_dir: Path, exit_code: int, workers: int) -> None:
+def cells_to_time(run_dir: Path) -> list[CellRecord]:
+    return [r for r in storage.read_records(run_dir) if r.outcome in execute.TIMED_OUTCOMES]
+
+
+def time_cells(run_dir: Path, options: RunOptions) -> int:
+    """Timing phase: one worker per device, each timing its device's cells one at a time."""
+    records = cells_to_time(run_dir)
+    if not records:
+        return 0
+    print(f"ampmatrix: timing {len(records)} cells, one device at a time per worker", flush=True)
+    plan_path = write_plan(
+        run_dir,
+        storage.TIMING_PLAN_FILE,
+        options.cases_dirs,
+        cells=[],
+        timed=[r.to_dict() for r in records],
+        timing=dataclasses.asdict(options.timing_config),
+    )
+    devices = {r.cell.device for r in records}
+    controller = Controller(run_dir, [r.cell for r in records], {r.cell.id: r for r in records})
+    threads = (os.cpu_count() or 1) if devices == {"cpu"} else threads_per_worker(len(devices))
+    return run_pytest(pytest_args(plan_path, len(devices), grouped=True), controller, threads)
+
+
+def finish_run(run_dir: Path, exit_code: int, workers: int, options: RunOptions) -> None:
     env = storage.read_env(run_dir)
     env.update(
         finished_at=now_iso(),
         runner_exit_code=exit_code,
         workers=workers,
         threads_per_worker=threads_per_worker(workers),
+        timing=dataclasses.asdict(options.timing_config) if options.timing else None,
+        peak_gflops=measured_peaks(storage.read_records(run_dir)),
     )
     storage.write_env(run_dir, env)
+
+
+def measured_peaks(records: Sequence[CellRecord]) -> dict[str, dict[str, float]]:
+    """The peak matmul throughput measured per device and dtype in this run."""
+    peaks: dict[str, dict[str, float]] = {}
+    for record in records:
+        if record.perf and record.perf.peak_gflops:
+            peaks.setdefault(record.cell.device, {})[record.cell.dtype] = record.perf.peak_gflops
+    return peaks
 
 
 def run(options: RunOptions) -> Path:
@@ -122,5 +174,7 @@ def run(options: RunOptions) -> Path:
     record_skipped(run_dir, plan)
     workers = worker_count(options.workers, len(plan.to_run))
     exit_code = execute_cells(run_dir, plan, workers, options.cases_dirs)
-    finish_run(run_dir, exit_code, workers)
+    if options.timing:
+        exit_code = max(exit_code, time_cells(run_dir, options))
+    finish_run(run_dir, exit_code, workers, options)
     return run_dir

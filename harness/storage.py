@@ -20,6 +20,8 @@ from harness.records import CellRecord
 ENV_FILE = "env.json"
 CELLS_FILE = "cells.jsonl"
 PLAN_FILE = "plan.json"
+TIMING_PLAN_FILE = "timing-plan.json"
+PLAN_FILES = (PLAN_FILE, TIMING_PLAN_FILE)
 
 
 class ResultsError(Exception):
@@ -85,7 +87,8 @@ def read_env(run_dir: Path) -> dict[str, Any]:
     return data
 
 
-def read_records(run_dir: Path) -> list[CellRecord]:
+def read_record_lines(run_dir: Path) -> list[CellRecord]:
+    """Every line of ``cells.jsonl``, in the order written."""
     path = run_dir / CELLS_FILE
     if not path.exists():
         return []
@@ -94,6 +97,16 @@ def read_records(run_dir: Path) -> list[CellRecord]:
         if line.strip():
             records.append(_parse_record(path, number, line))
     return records
+
+
+def read_records(run_dir: Path) -> list[CellRecord]:
+    """One record per cell: ``cells.jsonl`` is a log, and a later line for a cell (its
+    timed record, say) supersedes an earlier one."""
+    latest: dict[str, CellRecord] = {}
+    for record in read_record_lines(run_dir):
+        latest.pop(record.cell.id, None)
+        latest[record.cell.id] = record
+    return list(latest.values())
 
 
 def _parse_record(path: Path, number: int, line: str) -> CellRecord:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from harness.records import CellRecord, Outcome
+from harness.speed import RecordKey, SpeedRatios, record_key, speed_ratios
 
+SPEED_LEGEND = (
+    " (c: ratio to the case's fp32 control, f: to the fastest passing fix of the column, ~: noisy)"
+)
 LEGEND = (
     "raises:repro = fails with the case's known error; raises:OTHER = a different error; "
     "inaccurate = ran but beyond tolerance or non-finite"
@@ -47,15 +51,18 @@ def row_order(records: Sequence[CellRecord], show_backend: bool) -> list[str]:
     return list(dict.fromkeys(row_key(r, show_backend) for r in ordered))
 
 
-def case_table(records: Sequence[CellRecord]) -> list[str]:
-    """Rows of one case's table (skipped cells left out)."""
-    ran = [r for r in records if r.outcome is not Outcome.SKIPPED]
+CellText = Callable[[CellRecord], str | None]
+
+
+def case_table(records: Sequence[CellRecord], text: CellText = short_outcome) -> list[str]:
+    """Rows of one case's table: ``text`` of each record that has one (skipped left out)."""
+    ran = [r for r in records if r.outcome is not Outcome.SKIPPED and text(r) is not None]
     if not ran:
         return []
     show_device = len({r.cell.device for r in ran}) > 1
     show_backend = len({r.cell.backend for r in ran}) > 1
     columns = sorted({column_key(r, show_device) for r in ran}, key=column_order)
-    grid = {(row_key(r, show_backend), column_key(r, show_device)): short_outcome(r) for r in ran}
+    grid = {(row_key(r, show_backend), column_key(r, show_device)): str(text(r)) for r in ran}
     rows = [["fix", *("/".join(c) for c in columns)]]
     rows += [
         [row, *(grid.get((row, c), "-") for c in columns)] for row in row_order(ran, show_backend)
@@ -75,12 +82,35 @@ def skipped_lines(records: Iterable[CellRecord]) -> list[str]:
     return [f"  {count:>4} skipped: {reason}" for reason, count in reasons.most_common()]
 
 
+def speed_text(ratios: dict[RecordKey, SpeedRatios]) -> CellText:
+    """``1.23ms c0.91 f1.00~``: median per call, ratio to the fp32 control (c) and to the
+    fastest passing fix of the column (f); ``~`` marks a noisy timing."""
+
+    def text(record: CellRecord) -> str | None:
+        if record.perf is None:
+            return None
+        ratio = ratios.get(record_key(record), SpeedRatios(None, None))
+        parts = [f"{record.perf.time_median_s * 1e3:#.3g}ms"]
+        parts += [
+            f"{tag}{value:.2f}"
+            for tag, value in (("c", ratio.vs_control), ("f", ratio.vs_fastest))
+            if value is not None
+        ]
+        return " ".join(parts) + ("~" if record.perf.time_noisy else "")
+
+    return text
+
+
 def render_summary(records: Sequence[CellRecord]) -> str:
-    """The whole summary: a table per case, outcome counts, and skip reasons."""
+    """The whole summary: tables per case (outcomes, then speed), counts, skip reasons."""
     lines: list[str] = []
+    by_speed = speed_text(speed_ratios(records))
     for case in sorted({r.cell.case for r in records}):
-        table = case_table([r for r in records if r.cell.case == case])
-        lines += [f"{case}", *("  " + row for row in table), ""]
+        mine = [r for r in records if r.cell.case == case]
+        lines += [f"{case}", *("  " + row for row in case_table(mine)), ""]
+        speed = case_table(mine, by_speed)
+        if speed:
+            lines += ["  time per call" + SPEED_LEGEND, *("  " + row for row in speed), ""]
     counts = Counter(r.outcome.value for r in records)
     lines.append("outcomes: " + ", ".join(f"{n} {o}" for o, n in sorted(counts.items())))
     lines += skipped_lines(records)

@@ -60,6 +60,43 @@ def test_run_toy_case_end_to_end(tmp_path: Path) -> None:
     assert str(run_dir / "cells.jsonl") in result.stdout
 
 
+def test_cells_that_ran_are_timed_serially_on_the_cpu(tmp_path: Path) -> None:
+    result = harness(
+        "run",
+        "--cases-dir",
+        str(TOY_CASES),
+        "--case",
+        "toy-mixed-matmul",
+        "--fix",
+        "none,cast-input,noisy",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path),
+        "--time-budget",
+        "0.05",
+    )
+    assert result.returncode == 0, result.stderr
+    run_dir = only_run_dir(tmp_path)
+    records = storage.read_records(run_dir)
+    timed = [r for r in records if r.perf is not None]
+    assert {r.outcome for r in timed} == {Outcome.PASSES, Outcome.INACCURATE}
+    assert all(r.outcome is Outcome.RAISES for r in records if r.perf is None)
+    for record in timed:
+        perf = record.perf
+        assert perf is not None and perf.time_count == len(perf.time_samples) >= 7
+        assert perf.flops == 2 * 4 * 16 * 16 and perf.peak_mem_bytes > 0
+        assert perf.peak_gflops and perf.threads >= 1
+    # one correctness line, then one timed line per timed cell: a log, folded on reading
+    lines = storage.read_record_lines(run_dir)
+    assert len(lines) == len(records) + len(timed)
+    # one timing worker: the CPU is timed serially
+    assert {r.perf.timing_worker for r in timed if r.perf} == {"gw0"}
+    env = storage.read_env(run_dir)
+    assert set(env["peak_gflops"]["cpu"]) == {"float16", "bfloat16", "float32"}
+    assert "time per call" in result.stdout
+
+
 def test_a_crashing_cell_costs_only_itself(tmp_path: Path) -> None:
     result = harness(
         "run",

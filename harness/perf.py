@@ -1,0 +1,128 @@
+"""Performance figures of one cell: time, FLOPs and throughput, peak memory.
+
+Each figure comes from its own call of the fix, so instrumentation never sits inside the
+timed region: FLOPs from ``torch.utils.flop_counter.FlopCounterMode``; peak memory on CUDA
+from the caching allocator's statistics (reset first), on the CPU from the profiler's
+memory events (every tensor allocation and free, in order: the running sum's maximum is
+the peak of one forward call, without process-RSS noise). The device's peak matmul
+throughput per dtype is measured in the same run with a large GEMM, so every cell can be
+shown as a fraction of what the device can do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from harness.axes import dtype_of
+from harness.records import Perf
+from harness.timing import Timing, TimingConfig, measure, stopwatch_for
+
+#: The peak GEMM grows until one call lasts PEAK_GEMM_MIN_S or reaches the largest size, so a
+#: slow dtype (fp16 on most CPUs) is measured without spending many seconds on it.
+PEAK_GEMM_SIZES = {"cpu": (256, 512, 1024, 2048), "cuda": (1024, 2048, 4096, 8192)}
+PEAK_GEMM_MIN_S = 0.01
+
+
+def count_flops(fn: Callable[[], Any]) -> int:
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def peak_memory_cpu(fn: Callable[[], Any]) -> int:
+    """Peak bytes of tensors allocated during one call, from the profiler's memory events."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted(
+        (event.start_ns(), event.nbytes())
+        for event in prof.profiler.kineto_results.events()
+        if event.name() == "[memory]"
+    )
+    return running_peak(nbytes for _, nbytes in events)
+
+
+def running_peak(deltas: Any) -> int:
+    """Maximum of the running sum of allocation (+) and free (-) sizes."""
+    current = peak = 0
+    for delta in deltas:
+        current += delta
+        peak = max(peak, current)
+    return peak
+
+
+def peak_memory_cuda(fn: Callable[[], Any], device: torch.device) -> int:
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return int(torch.cuda.max_memory_allocated(device) - before)
+
+
+def peak_memory(fn: Callable[[], Any], device: torch.device) -> tuple[int, str]:
+    if device.type == "cuda":
+        return peak_memory_cuda(fn, device), "cuda-allocator"
+    return peak_memory_cpu(fn), "cpu-profiler"
+
+
+@lru_cache(maxsize=16)
+def peak_matmul_gflops(device: str, dtype: str) -> float:
+    """Measured matmul throughput of this device in this dtype (a large square GEMM)."""
+    target = torch.device(device)
+    stopwatch = stopwatch_for(target)
+    for n in PEAK_GEMM_SIZES[target.type]:
+        gemm = square_gemm(n, target, dtype_of(dtype))
+        if stopwatch.time_block(gemm, 1) >= PEAK_GEMM_MIN_S:
+            break
+    timing = measure(gemm, TimingConfig(budget_s=0.5), stopwatch=stopwatch)
+    return 2 * n**3 / timing.median / 1e9
+
+
+def square_gemm(n: int, device: torch.device, dtype: torch.dtype) -> Callable[[], Any]:
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    return lambda: a @ b
+
+
+def timed_perf(
+    fn: Callable[[], Any],
+    device: torch.device,
+    dtype: str,
+    config: TimingConfig,
+) -> Perf:
+    """Time, FLOPs, throughput and peak memory of ``fn`` on ``device``."""
+    timing = measure(fn, config, stopwatch=stopwatch_for(device, config.flush_l2))
+    flops = count_flops(fn)
+    memory, memory_method = peak_memory(fn, device)
+    peak = peak_matmul_gflops(str(device), dtype)
+    return perf_record(timing, flops, memory, memory_method, peak)
+
+
+def perf_record(
+    timing: Timing, flops: int, memory: int, memory_method: str, peak_gflops: float
+) -> Perf:
+    gflops = flops / timing.median / 1e9 if flops and timing.median > 0 else None
+    return Perf(
+        time_samples=list(timing.samples),
+        time_block=timing.block,
+        time_median_s=timing.median,
+        time_iqr_s=timing.iqr,
+        time_min_s=timing.min,
+        time_count=timing.count,
+        time_noisy=timing.noisy,
+        timer=timing.timer,
+        threads=torch.get_num_threads(),
+        flops=flops,
+        gflops=gflops,
+        peak_gflops=peak_gflops,
+        peak_fraction=gflops / peak_gflops if gflops and peak_gflops else None,
+        peak_mem_bytes=memory,
+        mem_method=memory_method,
+    )

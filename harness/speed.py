@@ -1,0 +1,111 @@
+"""Speed comparisons derived from records: ratios to the control and to the fastest fix,
+and rankings of fixes in which fixes whose spreads overlap are reported as ties.
+
+All of it is computed from results files, never stored: a pure function of records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from harness.records import Cell, CellRecord, Outcome
+from harness.timing import quartiles
+
+CONTROL_MODE = "fp32"
+
+
+@dataclass(frozen=True)
+class SpeedRatios:
+    """Median time over the case's fp32 control, and over the fastest passing fix."""
+
+    vs_control: float | None
+    vs_fastest: float | None
+
+
+def environment_key(record: CellRecord) -> tuple[str, str]:
+    return record.torch_version, record.cell.device
+
+
+def column_key(record: CellRecord) -> tuple[str, str, str, str, str]:
+    """Records compared with each other: same case, environment, dtype and mode."""
+    cell = record.cell
+    return (cell.case, *environment_key(record), cell.dtype, cell.mode)
+
+
+def median_of(record: CellRecord) -> float | None:
+    return record.perf.time_median_s if record.perf else None
+
+
+def controls(records: Iterable[CellRecord]) -> dict[tuple[str, str, str, str], float]:
+    """The fp32 control's median per (case, torch, device, backend)."""
+    found = {}
+    for r in records:
+        median = median_of(r)
+        if r.cell.mode == CONTROL_MODE and r.cell.fix == "none" and median:
+            found[(r.cell.case, *environment_key(r), r.cell.backend)] = median
+    return found
+
+
+def fastest_passing(records: Iterable[CellRecord]) -> dict[tuple[str, ...], float]:
+    fastest: dict[tuple[str, ...], float] = {}
+    for r in records:
+        median = median_of(r)
+        if r.outcome is Outcome.PASSES and median:
+            key = column_key(r)
+            fastest[key] = min(fastest.get(key, median), median)
+    return fastest
+
+
+def control_for(record: CellRecord, found: dict[tuple[str, str, str, str], float]) -> float | None:
+    """The control with the same backend, or else any control of the case and environment."""
+    key = (record.cell.case, *environment_key(record))
+    same_backend = found.get((*key, record.cell.backend))
+    if same_backend:
+        return same_backend
+    return next((m for k, m in sorted(found.items()) if k[:3] == key), None)
+
+
+RecordKey = tuple[str, Cell]
+
+
+def record_key(record: CellRecord) -> RecordKey:
+    """Identifies a record across runs: the torch version and the cell."""
+    return record.torch_version, record.cell
+
+
+def speed_ratios(records: Sequence[CellRecord]) -> dict[RecordKey, SpeedRatios]:
+    """Ratios for every timed record, keyed by :func:`record_key`."""
+    found, fastest = controls(records), fastest_passing(records)
+    ratios = {}
+    for r in records:
+        median = median_of(r)
+        if not median:
+            continue
+        control = control_for(r, found)
+        best = fastest.get(column_key(r))
+        ratios[record_key(r)] = SpeedRatios(
+            vs_control=median / control if control else None,
+            vs_fastest=median / best if best else None,
+        )
+    return ratios
+
+
+def interquartile_range(record: CellRecord) -> tuple[float, float]:
+    assert record.perf is not None
+    q1, _, q3 = quartiles(record.perf.time_samples)
+    return q1, q3
+
+
+def rank_with_ties(records: Sequence[CellRecord]) -> list[list[CellRecord]]:
+    """Timed records, fastest first, grouped into tiers: a record joins the current tier
+    when its interquartile range overlaps the range of any record already in it."""
+    timed = sorted((r for r in records if r.perf), key=lambda r: median_of(r) or 0.0)
+    tiers: list[list[CellRecord]] = []
+    for record in timed:
+        q1, _ = interquartile_range(record)
+        if tiers and any(q1 <= interquartile_range(t)[1] for t in tiers[-1]):
+            tiers[-1].append(record)
+        else:
+            tiers.append([record])
+    return tiers

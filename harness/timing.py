@@ -1,0 +1,173 @@
+"""Timing one operation: warm-up, blocks of calls, adaptive repetition, raw samples kept.
+
+The method follows ``torch.utils.benchmark.Timer.blocked_autorange``: one *sample* is a
+block of calls long enough to dwarf the clock's resolution, and the figure is the median
+of per-call times over samples. Repetition is adaptive: sampling stops once the spread
+(IQR / median) falls under a threshold, or when the time budget runs out, in which case the
+result is flagged ``noisy``. The clock is injected, so tests drive it with a fake.
+
+On CUDA a sample is bracketed by CUDA events (the device's own clock) after a synchronise,
+and an optional L2 flush (writing a buffer larger than the cache) precedes each sample.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    warmup_s: float = 0.05
+    min_warmup_calls: int = 2
+    #: One sample is a block of calls lasting at least this long.
+    min_block_s: float = 0.01
+    min_samples: int = 7
+    max_samples: int = 500
+    #: Stop once IQR / median falls under this.
+    iqr_threshold: float = 0.03
+    #: Wall time allowed for sampling, after warm-up.
+    budget_s: float = 0.5
+    flush_l2: bool = False
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Per-call times (seconds, one per sample) and their statistics."""
+
+    samples: tuple[float, ...]
+    block: int
+    median: float
+    iqr: float
+    min: float
+    noisy: bool
+    timer: str
+
+    @property
+    def count(self) -> int:
+        return len(self.samples)
+
+    @property
+    def spread(self) -> float:
+        return self.iqr / self.median if self.median > 0 else math.inf
+
+
+class Stopwatch(Protocol):
+    """Times one block of calls; ``name`` goes into the record."""
+
+    name: str
+
+    def time_block(self, fn: Callable[[], Any], calls: int) -> float: ...
+
+
+class ClockStopwatch:
+    """A host clock around the block (``time.perf_counter`` unless injected)."""
+
+    def __init__(self, clock: Clock = time.perf_counter, name: str = "perf_counter") -> None:
+        self.clock = clock
+        self.name = name
+
+    def time_block(self, fn: Callable[[], Any], calls: int) -> float:
+        start = self.clock()
+        for _ in range(calls):
+            fn()
+        return self.clock() - start
+
+
+class CudaEventStopwatch:
+    """CUDA events around the block, after a synchronise; optional L2 flush before it."""
+
+    name = "cuda_event"
+    L2_FLUSH_BYTES = 256 * 1024 * 1024
+
+    def __init__(self, device: torch.device, flush_l2: bool = False) -> None:
+        self.device = device
+        self.flush_buffer = (
+            torch.empty(self.L2_FLUSH_BYTES, dtype=torch.uint8, device=device)
+            if flush_l2
+            else None
+        )
+
+    def time_block(self, fn: Callable[[], Any], calls: int) -> float:
+        if self.flush_buffer is not None:
+            self.flush_buffer.zero_()
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(self.device)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end)) / 1000.0
+
+
+def stopwatch_for(device: torch.device, flush_l2: bool = False) -> Stopwatch:
+    if device.type == "cuda":
+        return CudaEventStopwatch(device, flush_l2)
+    return ClockStopwatch()
+
+
+def quartiles(samples: list[float]) -> tuple[float, float, float]:
+    """(q1, median, q3) with the same interpolation as numpy's default."""
+    if len(samples) == 1:
+        return samples[0], samples[0], samples[0]
+    q1, q2, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def warm_up(
+    fn: Callable[[], Any], config: TimingConfig, stopwatch: Stopwatch, clock: Clock
+) -> float:
+    """Call ``fn`` until the warm-up time has passed; returns the last per-call estimate."""
+    started, calls, last = clock(), 0, 0.0
+    while calls < config.min_warmup_calls or clock() - started < config.warmup_s:
+        last = stopwatch.time_block(fn, 1)
+        calls += 1
+    return last
+
+
+def block_size(per_call_s: float, config: TimingConfig) -> int:
+    """Calls per sample, so that one sample lasts at least ``min_block_s``."""
+    if config.flush_l2 or per_call_s >= config.min_block_s:
+        return 1
+    return max(1, math.ceil(config.min_block_s / max(per_call_s, 1e-9)))
+
+
+def measure(
+    fn: Callable[[], Any],
+    config: TimingConfig = TimingConfig(),
+    stopwatch: Stopwatch | None = None,
+    clock: Clock = time.perf_counter,
+) -> Timing:
+    """Time ``fn``: warm up, then sample blocks until stable or out of budget."""
+    watch = stopwatch or ClockStopwatch(clock)
+    block = block_size(warm_up(fn, config, watch, clock), config)
+    samples: list[float] = []
+    started = clock()
+    converged = False
+    while len(samples) < config.max_samples:
+        samples.append(watch.time_block(fn, block) / block)
+        if len(samples) >= config.min_samples:
+            converged = spread_of(samples) < config.iqr_threshold
+            if converged or clock() - started >= config.budget_s:
+                break
+    return summarize(samples, block, noisy=not converged, timer=watch.name)
+
+
+def spread_of(samples: list[float]) -> float:
+    q1, median, q3 = quartiles(samples)
+    return (q3 - q1) / median if median > 0 else math.inf
+
+
+def summarize(samples: list[float], block: int, noisy: bool, timer: str) -> Timing:
+    q1, median, q3 = quartiles(samples)
+    return Timing(tuple(samples), block, median, q3 - q1, min(samples), noisy, timer)

@@ -1,0 +1,95 @@
+"""FLOPs, memory and throughput figures, and the speed comparisons built on them."""
+
+from __future__ import annotations
+
+import torch
+
+from harness import perf
+from harness.records import Cell, CellRecord, Outcome, Perf
+from harness.speed import rank_with_ties, record_key, speed_ratios
+from harness.timing import Timing
+
+
+def test_running_peak_is_the_high_water_mark() -> None:
+    assert perf.running_peak([100, 50, -100, 200, -250]) == 250
+    assert perf.running_peak([]) == 0
+
+
+def test_cpu_peak_memory_counts_live_tensors_not_rss() -> None:
+    x = torch.randn(256, 256)
+    size = x.numel() * x.element_size()
+
+    def two_live_then_one() -> torch.Tensor:
+        a = x @ x
+        b = a @ a
+        del a
+        return b.relu()
+
+    peak = perf.peak_memory_cpu(two_live_then_one)
+    assert 2 * size <= peak < 3 * size
+
+
+def test_flops_of_a_matmul() -> None:
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    assert perf.count_flops(lambda: a @ b) == 2 * 8 * 16 * 4
+
+
+def test_perf_record_derives_throughput_and_fraction_of_peak() -> None:
+    timing = Timing((0.002, 0.001, 0.003), 4, 0.002, 0.001, 0.001, False, "fake")
+    record = perf.perf_record(
+        timing, flops=4_000_000, memory=1024, memory_method="m", peak_gflops=8.0
+    )
+    assert record.gflops == 2.0
+    assert record.peak_fraction == 0.25
+    assert record.time_samples == [0.002, 0.001, 0.003]
+    assert (record.time_count, record.time_block) == (3, 4)
+
+
+def timed(
+    fix: str,
+    mode: str,
+    dtype: str,
+    samples: list[float],
+    outcome: Outcome = Outcome.PASSES,
+    backend: str = "sdpa",
+) -> CellRecord:
+    median = sorted(samples)[len(samples) // 2]
+    figures = Perf(
+        time_samples=samples,
+        time_block=1,
+        time_median_s=median,
+        time_iqr_s=0.0,
+        time_min_s=min(samples),
+        time_count=len(samples),
+        time_noisy=False,
+        timer="fake",
+        threads=1,
+        flops=0,
+        gflops=None,
+        peak_gflops=None,
+        peak_fraction=None,
+        peak_mem_bytes=0,
+        mem_method="m",
+    )
+    return CellRecord(Cell("c", fix, "cpu", dtype, mode, backend), "2.13.0", outcome, perf=figures)
+
+
+def test_speed_ratios_against_control_and_fastest_passing_fix() -> None:
+    control = timed("none", "fp32", "float32", [2.0, 2.0, 2.0])
+    fast = timed("fast", "half", "float16", [1.0, 1.0, 1.0])
+    slow = timed("slow", "half", "float16", [3.0, 3.0, 3.0])
+    wrong = timed("wrong", "half", "float16", [0.5, 0.5, 0.5], outcome=Outcome.INACCURATE)
+    ratios = speed_ratios([control, fast, slow, wrong])
+    assert ratios[record_key(control)].vs_control == 1.0
+    assert ratios[record_key(fast)].vs_control == 0.5
+    assert ratios[record_key(slow)].vs_fastest == 3.0
+    # an inaccurate fix is never "the fastest"; it is still compared with the passing one
+    assert ratios[record_key(wrong)].vs_fastest == 0.5
+
+
+def test_ranking_groups_overlapping_spreads_as_ties() -> None:
+    a = timed("a", "half", "float16", [1.00, 1.01, 1.02, 1.03])
+    b = timed("b", "half", "float16", [1.01, 1.02, 1.03, 1.04])  # IQR overlaps a's
+    c = timed("c", "half", "float16", [2.0, 2.1, 2.2, 2.3])
+    tiers = rank_with_ties([c, b, a])
+    assert [[r.cell.fix for r in tier] for tier in tiers] == [["a", "b"], ["c"]]

@@ -1,0 +1,99 @@
+"""Timing statistics, driven by a fake clock so every figure is exact."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+
+import pytest
+
+from harness.timing import (
+    ClockStopwatch,
+    Timing,
+    TimingConfig,
+    block_size,
+    measure,
+    quartiles,
+)
+
+
+class FakeClock:
+    """A clock that advances only when the fake workload runs."""
+
+    def __init__(self, durations: Iterable[float]) -> None:
+        self.now = 0.0
+        self.durations = iter(durations)
+        self.calls = 0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def work(self) -> None:
+        self.now += next(self.durations)
+        self.calls += 1
+
+
+def run(clock: FakeClock, config: TimingConfig) -> Timing:
+    return measure(clock.work, config, stopwatch=ClockStopwatch(clock, "fake"), clock=clock)
+
+
+def test_steady_workload_converges_after_min_samples() -> None:
+    clock = FakeClock(itertools.repeat(0.001))
+    timing = run(clock, TimingConfig(warmup_s=0.05, min_block_s=0.01, min_samples=7))
+    assert timing.block == 10
+    assert timing.count == 7
+    assert timing.median == pytest.approx(0.001)
+    assert timing.iqr == pytest.approx(0.0)
+    assert timing.min == pytest.approx(0.001)
+    assert not timing.noisy
+    assert timing.timer == "fake"
+    assert clock.calls == 50 + 7 * 10  # warm-up until 0.05 s, then 7 blocks of 10
+
+
+def test_noisy_workload_stops_at_the_budget_and_says_so() -> None:
+    clock = FakeClock(itertools.cycle([0.001, 0.003]))
+    config = TimingConfig(
+        warmup_s=0.0,
+        min_warmup_calls=1,
+        min_block_s=0.0,
+        min_samples=3,
+        budget_s=0.01,
+        iqr_threshold=0.03,
+    )
+    timing = run(clock, config)
+    assert timing.samples == pytest.approx((0.003, 0.001, 0.003, 0.001, 0.003))
+    assert timing.median == pytest.approx(0.003)
+    assert timing.iqr == pytest.approx(0.002)
+    assert timing.min == pytest.approx(0.001)
+    assert timing.noisy
+
+
+def test_sampling_stops_at_max_samples() -> None:
+    clock = FakeClock(itertools.cycle([0.001, 0.002]))
+    config = TimingConfig(
+        warmup_s=0.0, min_block_s=0.0, min_samples=2, max_samples=4, budget_s=100.0
+    )
+    timing = run(clock, config)
+    assert timing.count == 4
+    assert timing.noisy
+
+
+def test_samples_are_per_call_times_of_each_block() -> None:
+    clock = FakeClock(itertools.repeat(0.0004))
+    timing = run(clock, TimingConfig(warmup_s=0.0, min_block_s=0.002, min_samples=3))
+    assert timing.block == 5
+    assert all(s == pytest.approx(0.0004) for s in timing.samples)
+
+
+def test_block_size() -> None:
+    config = TimingConfig(min_block_s=0.01)
+    assert block_size(0.0001, config) == 100
+    assert block_size(0.02, config) == 1
+    assert block_size(0.0001, TimingConfig(min_block_s=0.01, flush_l2=True)) == 1
+
+
+def test_quartiles_match_numpy_default() -> None:
+    numpy = pytest.importorskip("numpy")
+    samples = [5.0, 1.0, 4.0, 2.0, 9.0, 3.0]
+    q1, q2, q3 = quartiles(samples)
+    assert (q1, q2, q3) == tuple(numpy.percentile(samples, [25, 50, 75]))
