@@ -48,6 +48,14 @@ def matrix(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Benchmark of the harness itself: timer agreement, overhead, wall time, repeatability."""
+    version = torch_version()
+    install_with_torch(session, version, "-e", ".", *lightning_requirements(version))
+    session.run("python", "benchmarks/bench_harness.py", *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The harness's own tests, spread over all cores."""
     install_with_torch(

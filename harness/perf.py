@@ -11,7 +11,9 @@ shown as a fraction of what the device can do.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
@@ -34,11 +36,27 @@ def count_flops(fn: Callable[[], Any]) -> int:
     return int(counter.get_total_flops())
 
 
+@contextmanager
+def stderr_silenced() -> Iterator[None]:
+    """Some torch builds' profiler backend prints a line to fd 2 at every start and stop."""
+    saved = os.dup(2)
+    with open(os.devnull, "w") as devnull:
+        os.dup2(devnull.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def peak_memory_cpu(fn: Callable[[], Any]) -> int:
     """Peak bytes of tensors allocated during one call, from the profiler's memory events."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with (
+        stderr_silenced(),
+        profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof,
+    ):
         fn()
     events = sorted(
         (event.start_ns(), event.nbytes())

@@ -13,6 +13,9 @@ from harness.records import Cell, CellRecord, Outcome
 from harness.timing import quartiles
 
 CONTROL_MODE = "fp32"
+#: Medians closer than this ratio are within run-to-run noise: a tie. On a shared 2-core VM
+#: identical work was measured up to ~6% apart between runs (``nox -s bench`` prints it).
+TIE_RATIO = 1.10
 
 
 @dataclass(frozen=True)
@@ -97,14 +100,27 @@ def interquartile_range(record: CellRecord) -> tuple[float, float]:
     return q1, q3
 
 
+def significantly_faster(a: CellRecord, b: CellRecord) -> bool:
+    """``a`` beats ``b`` beyond noise: by more than TIE_RATIO, with interquartile ranges
+    that do not overlap."""
+    median_a, median_b = median_of(a) or 0.0, median_of(b) or 0.0
+    return (
+        median_a * TIE_RATIO < median_b and interquartile_range(a)[1] < (interquartile_range(b)[0])
+    )
+
+
+def ties_with(record: CellRecord, tier: Sequence[CellRecord]) -> bool:
+    """Within noise of a tier: not significantly slower than its fastest member."""
+    return not significantly_faster(tier[0], record)
+
+
 def rank_with_ties(records: Sequence[CellRecord]) -> list[list[CellRecord]]:
-    """Timed records, fastest first, grouped into tiers: a record joins the current tier
-    when its interquartile range overlaps the range of any record already in it."""
+    """Timed records, fastest first, grouped into tiers of records within noise of each
+    other (see :func:`ties_with`)."""
     timed = sorted((r for r in records if r.perf), key=lambda r: median_of(r) or 0.0)
     tiers: list[list[CellRecord]] = []
     for record in timed:
-        q1, _ = interquartile_range(record)
-        if tiers and any(q1 <= interquartile_range(t)[1] for t in tiers[-1]):
+        if tiers and ties_with(record, tiers[-1]):
             tiers[-1].append(record)
         else:
             tiers.append([record])

@@ -88,8 +88,16 @@ def test_speed_ratios_against_control_and_fastest_passing_fix() -> None:
 
 
 def test_ranking_groups_overlapping_spreads_as_ties() -> None:
-    a = timed("a", "half", "float16", [1.00, 1.01, 1.02, 1.03])
-    b = timed("b", "half", "float16", [1.01, 1.02, 1.03, 1.04])  # IQR overlaps a's
+    a = timed("a", "half", "float16", [1.0, 1.1, 1.2, 1.3])
+    b = timed("b", "half", "float16", [1.2, 1.22, 1.4, 1.5])  # >10% slower, IQRs overlap
     c = timed("c", "half", "float16", [2.0, 2.1, 2.2, 2.3])
     tiers = rank_with_ties([c, b, a])
+    assert [[r.cell.fix for r in tier] for tier in tiers] == [["a", "b"], ["c"]]
+
+
+def test_medians_within_the_tie_ratio_are_ties_even_without_overlap() -> None:
+    a = timed("a", "half", "float16", [1.00, 1.00, 1.00])
+    b = timed("b", "half", "float16", [1.09, 1.09, 1.09])
+    c = timed("c", "half", "float16", [1.11, 1.11, 1.11])
+    tiers = rank_with_ties([a, b, c])
     assert [[r.cell.fix for r in tier] for tier in tiers] == [["a", "b"], ["c"]]

@@ -1,0 +1,193 @@
+"""Benchmark of the harness itself (``nox -s bench``). Prints, side by side, in one run:
+
+1. the harness's median for a fixed SDPA call against
+   ``torch.utils.benchmark.Timer.blocked_autorange`` on the same call (ratio);
+2. the harness's overhead per timed cell beyond the measured time;
+3. wall time of the default matrix with and without the timing phase;
+4. repeatability of fix rankings over three timed runs of the default matrix (ties within
+   noise allowed and reported as ties).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils import benchmark
+
+from harness import execute, registry, storage
+from harness.records import CellRecord
+from harness.speed import TIE_RATIO, median_of, rank_with_ties, significantly_faster
+from harness.timing import TimingConfig, measure
+
+ROOT = Path(__file__).resolve().parent.parent
+SDPA_SHAPE = (4, 8, 256, 64)
+AGREEMENT = 0.05
+ColumnKey = tuple[str, str, str, str]
+
+
+def sdpa_call() -> tuple[Callable[[], torch.Tensor], dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(SDPA_SHAPE) for _ in range(3))
+    return (lambda: F.scaled_dot_product_attention(q, k, v)), {"q": q, "k": k, "v": v}
+
+
+def harness_vs_torch_benchmark(rounds: int) -> None:
+    """Both timers on the same call, alternating, so drift hits both alike."""
+    call, tensors = sdpa_call()
+    timer = benchmark.Timer("F.scaled_dot_product_attention(q, k, v)", globals={"F": F, **tensors})
+    ratios = []
+    print(
+        f"1. SDPA {SDPA_SHAPE} float32, {torch.get_num_threads()} threads: harness median vs "
+        "torch.utils.benchmark blocked_autorange median"
+    )
+    for n in range(rounds):
+        ours = measure(call, TimingConfig(budget_s=1.0)).median
+        theirs = timer.blocked_autorange(min_run_time=1.0).median
+        ratios.append(ours / theirs)
+        print(
+            f"   round {n + 1}: harness {ours * 1e3:.4f} ms, torch {theirs * 1e3:.4f} ms, "
+            f"ratio {ours / theirs:.3f}"
+        )
+    ratio = statistics.median(ratios)
+    verdict = "within" if abs(ratio - 1) <= AGREEMENT else "OUTSIDE"
+    print(f"   median ratio {ratio:.3f}: {verdict} {AGREEMENT:.0%}\n")
+
+
+def run_matrix(out: Path, *extra: str) -> tuple[Path, float]:
+    started = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "harness", "run", "--out", str(out), *extra],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    elapsed = time.perf_counter() - started
+    run_dirs = sorted(out.iterdir(), key=lambda p: p.stat().st_mtime)
+    return run_dirs[-1], elapsed
+
+
+def overhead_per_cell(run_dir: Path) -> None:
+    """Time each cell again in this process: wall time of the whole timing step (build,
+    warm-up, FLOP count, memory pass) against the time inside its measured samples."""
+    registry.discover()
+    records = [r for r in storage.read_records(run_dir) if r.perf]
+    overheads, measured_total = [], 0.0
+    for record in records:
+        started = time.perf_counter()
+        timed = execute.time_cell(record, TimingConfig())
+        wall = time.perf_counter() - started
+        assert timed.perf is not None
+        measured = sum(timed.perf.time_samples) * timed.perf.time_block
+        measured_total += measured
+        overheads.append(wall - measured)
+    print(f"2. overhead per timed cell beyond its measured samples ({len(records)} cells):")
+    print(
+        f"   median {statistics.median(overheads) * 1e3:.1f} ms, "
+        f"max {max(overheads) * 1e3:.1f} ms, total {sum(overheads):.1f} s "
+        f"(measured samples: {measured_total:.1f} s)\n"
+    )
+
+
+def column_key(record: CellRecord) -> ColumnKey:
+    cell = record.cell
+    return cell.case, cell.device, cell.dtype, cell.mode
+
+
+Column = dict[str, CellRecord]
+
+
+def timed_columns(run_dir: Path) -> dict[ColumnKey, Column]:
+    """Per case column, the timed records by fix name (with backend)."""
+    columns: dict[ColumnKey, Column] = defaultdict(dict)
+    for record in storage.read_records(run_dir):
+        if record.perf:
+            columns[column_key(record)][f"{record.cell.fix}[{record.cell.backend}]"] = record
+    return {key: column for key, column in columns.items() if len(column) > 1}
+
+
+def reversals(runs: Sequence[Column]) -> list[tuple[str, str]]:
+    """Pairs where one fix is significantly faster in one run and significantly slower in
+    another; pairs within noise (ties) never count."""
+    names = sorted(set.intersection(*(set(run) for run in runs)))
+    return [
+        (a, b)
+        for i, a in enumerate(names)
+        for b in names[i + 1 :]
+        if any(significantly_faster(r[a], r[b]) for r in runs)
+        and any(significantly_faster(r[b], r[a]) for r in runs)
+    ]
+
+
+def describe(column: Column) -> str:
+    names = {id(record): name for name, record in column.items()}
+    tiers = rank_with_ties(list(column.values()))
+    return " < ".join(" = ".join(names[id(r)] for r in tier) for tier in tiers)
+
+
+def run_to_run_spread(per_run: Sequence[dict[ColumnKey, Column]]) -> list[float]:
+    """For every cell timed in all runs: slowest median / fastest median across runs."""
+    spreads = []
+    for key, column in per_run[0].items():
+        for name in column:
+            medians = [
+                median_of(r[key][name]) or 0.0 for r in per_run if key in r and name in r[key]
+            ]
+            spreads.append(max(medians) / min(medians))
+    return spreads
+
+
+def ranking_repeatability(run_dirs: Sequence[Path]) -> None:
+    per_run = [timed_columns(d) for d in run_dirs]
+    spreads = sorted(run_to_run_spread(per_run))
+    print(
+        f"4. fix rankings over {len(run_dirs)} runs (fastest first; '=' ties within noise: "
+        f"medians within {TIE_RATIO:.2f}x or interquartile ranges overlapping)"
+    )
+    print(
+        f"   run-to-run spread of one cell's median (max/min over runs): median "
+        f"{statistics.median(spreads):.3f}, 90th percentile "
+        f"{spreads[int(0.9 * (len(spreads) - 1))]:.3f}, max {spreads[-1]:.3f}"
+    )
+    consistent = 0
+    for key in sorted(per_run[0]):
+        runs = [r[key] for r in per_run if key in r]
+        bad = reversals(runs)
+        consistent += not bad
+        verdict = "same order" if not bad else "REVERSED " + ", ".join(f"{a}/{b}" for a, b in bad)
+        print(f"   {'/'.join(key)}: {verdict}")
+        for n, column in enumerate(runs, start=1):
+            print(f"      run {n}: {describe(column)}")
+    print(f"   {consistent} of {len(per_run[0])} columns ranked in the same order in every run\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args(argv)
+    harness_vs_torch_benchmark(args.rounds)
+    with tempfile.TemporaryDirectory() as tmp:
+        _, untimed_s = run_matrix(Path(tmp) / "untimed", "--no-timing")
+        timed_runs = [run_matrix(Path(tmp) / f"timed{n}") for n in range(args.runs)]
+        overhead_per_cell(timed_runs[0][0])
+        walls = ", ".join(f"{s:.1f} s" for _, s in timed_runs)
+        print(
+            f"3. default matrix wall time: without timing {untimed_s:.1f} s; with timing {walls}\n"
+        )
+        ranking_repeatability([d for d, _ in timed_runs])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
