@@ -44,7 +44,11 @@ def sdpa_call() -> tuple[Callable[[], torch.Tensor], dict[str, torch.Tensor]]:
 def harness_vs_torch_benchmark(rounds: int) -> None:
     """Both timers on the same call, alternating, so drift hits both alike."""
     call, tensors = sdpa_call()
-    timer = benchmark.Timer("F.scaled_dot_product_attention(q, k, v)", globals={"F": F, **tensors})
+    timer = benchmark.Timer(
+        "F.scaled_dot_product_attention(q, k, v)",
+        globals={"F": F, **tensors},
+        num_threads=torch.get_num_threads(),  # its default is one thread
+    )
     ratios = []
     print(
         f"1. SDPA {SDPA_SHAPE} float32, {torch.get_num_threads()} threads: harness median vs "

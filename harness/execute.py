@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
@@ -15,9 +15,9 @@ from harness import registry
 from harness.axes import dtype_name, dtype_of
 from harness.case import Case, RunContext
 from harness.numerics import judge, relative_error, within_tolerance
-from harness.perf import timed_perf
+from harness.perf import perf_figures
 from harness.records import Cell, CellRecord, Numerics, Outcome
-from harness.timing import TimingConfig
+from harness.timing import TimingConfig, measure_interleaved, stopwatch_for
 
 #: Every cell of a case builds from the same seed, so all fixes and the reference see the
 #: same weights and inputs.
@@ -177,19 +177,58 @@ def prepare_call(cell: Cell) -> tuple[Callable[[], Any], torch.device]:
     return (lambda: case.run_fix(cell.fix, workload, ctx)), device
 
 
-def time_cell(record: CellRecord, config: TimingConfig, worker: str | None = None) -> CellRecord:
-    """Add speed, throughput and memory to the record of a cell that ran."""
-    call, device = prepare_call(record.cell)
+NOT_RERUNNABLE = "output changed between repeated calls: the timed work is not the checked work"
+
+
+@dataclass(frozen=True)
+class TimedCall:
+    record: CellRecord
+    call: Callable[[], Any]
+    device: torch.device
+
+
+def checked_call(record: CellRecord) -> TimedCall | CellRecord:
+    """The cell's call, after two calls that must agree; or its record with a note."""
     try:
+        call, device = prepare_call(record.cell)
         first, second = call(), call()
-        perf = replace(timed_perf(call, device, record.cell.dtype, config), timing_worker=worker)
     except Exception as error:
         note = f"timing failed: {type(error).__name__}: {error}"[:MAX_MESSAGE]
         return replace(record, note=join_notes(record.note, note))
-    if not torch.allclose(first, second, rtol=0, atol=0, equal_nan=True):
-        note = "output changed between repeated calls: the timed work is not the checked work"
-        return replace(record, perf=perf, note=join_notes(record.note, note))
-    return replace(record, perf=perf)
+    same = torch.allclose(first, second, rtol=0, atol=0, equal_nan=True)
+    return TimedCall(
+        replace(record, note=join_notes(record.note, None if same else NOT_RERUNNABLE)),
+        call,
+        device,
+    )
+
+
+def time_column(
+    records: Sequence[CellRecord], config: TimingConfig, worker: str | None = None
+) -> list[CellRecord]:
+    """Time cells that will be compared (one case, device, dtype and mode) side by side,
+    then add FLOPs, throughput and memory to each record."""
+    checked = [checked_call(r) for r in records]
+    calls = [c for c in checked if isinstance(c, TimedCall)]
+    if not calls:
+        return [c for c in checked if isinstance(c, CellRecord)]
+    stopwatch = stopwatch_for(calls[0].device, config.flush_l2)
+    timings = measure_interleaved([c.call for c in calls], config, stopwatch)
+    timed = iter(
+        replace(
+            c.record,
+            perf=replace(
+                perf_figures(c.call, c.device, c.record.cell.dtype, timing), timing_worker=worker
+            ),
+        )
+        for c, timing in zip(calls, timings, strict=True)
+    )
+    return [next(timed) if isinstance(c, TimedCall) else c for c in checked]
+
+
+def time_cell(record: CellRecord, config: TimingConfig, worker: str | None = None) -> CellRecord:
+    """Add speed, throughput and memory to the record of one cell that ran."""
+    return time_column([record], config, worker)[0]
 
 
 def join_notes(*notes: str | None) -> str | None:

@@ -109,14 +109,8 @@ def square_gemm(n: int, device: torch.device, dtype: torch.dtype) -> Callable[[]
     return lambda: a @ b
 
 
-def timed_perf(
-    fn: Callable[[], Any],
-    device: torch.device,
-    dtype: str,
-    config: TimingConfig,
-) -> Perf:
-    """Time, FLOPs, throughput and peak memory of ``fn`` on ``device``."""
-    timing = measure(fn, config, stopwatch=stopwatch_for(device, config.flush_l2))
+def perf_figures(fn: Callable[[], Any], device: torch.device, dtype: str, timing: Timing) -> Perf:
+    """The timing of ``fn`` with its FLOPs, throughput and peak memory on ``device``."""
     flops = count_flops(fn)
     memory, memory_method = peak_memory(fn, device)
     peak = peak_matmul_gflops(str(device), dtype)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -51,12 +52,12 @@ class PlanFile(pytest.File):
             cell = Cell.from_dict(data)
             yield CellItem.from_parent(self, name=cell.id, cell=cell, run_dir=run_dir)
         config = TimingConfig(**plan.get("timing", {}))
-        for data in plan.get("timed", []):
-            record = CellRecord.from_dict(data)
+        for name, column in plan.get("columns", {}).items():
+            records = [CellRecord.from_dict(data) for data in column]
             item = TimingItem.from_parent(
-                self, name=record.cell.id, record=record, run_dir=run_dir, timing=config
+                self, name=name, records=records, run_dir=run_dir, timing=config
             )
-            item.add_marker(pytest.mark.xdist_group(record.cell.device))
+            item.add_marker(pytest.mark.xdist_group(records[0].cell.device))
             yield item
 
 
@@ -76,23 +77,26 @@ class CellItem(pytest.Item):
 
 
 class TimingItem(pytest.Item):
-    """Times a cell that already ran; its full record is appended again, now with figures."""
+    """Times the cells of one column (case, device, dtype, mode) side by side; each full
+    record is appended again, now with its figures."""
 
     def __init__(
-        self, *, record: CellRecord, run_dir: Path, timing: TimingConfig, **kwargs: Any
+        self, *, records: list[CellRecord], run_dir: Path, timing: TimingConfig, **kwargs: Any
     ) -> None:
         super().__init__(**kwargs)
-        self.record = record
+        self.records = records
         self.run_dir = run_dir
         self.timing = timing
 
     def runtest(self) -> None:
-        record = execute.time_cell(self.record, self.timing, worker_id(self.config))
-        storage.append_record(self.run_dir, record)
-        self.user_properties.append((OUTCOME_KEY, timing_label(record)))
+        timed = execute.time_column(self.records, self.timing, worker_id(self.config))
+        for record in timed:
+            storage.append_record(self.run_dir, record)
+        labels = [f"\n    {r.cell.fix} [{r.cell.backend}]: {timing_label(r)}" for r in timed]
+        self.user_properties.append((OUTCOME_KEY, "timed" + "".join(labels)))
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
-        return self.path, None, self.record.cell.id
+        return self.path, None, self.name
 
 
 def timing_label(record: CellRecord) -> str:
@@ -117,19 +121,17 @@ def outcome_label(record: CellRecord) -> str:
     return record.outcome.value
 
 
+CrashRecords = Callable[[str, str], list[CellRecord]]
+
+
 class Controller:
-    """Runs in the controlling process: records crashed cells and prints progress.
+    """Runs in the controlling process: prints progress, and when an item fails (its worker
+    died, or the harness broke on it) writes the records ``on_crash`` gives for that item
+    from the failure message and the worker's name."""
 
-    In the timing phase ``timed`` holds the records being timed: a crash there keeps the
-    cell's measured record and adds a note, instead of replacing it with ``crashed``.
-    """
-
-    def __init__(
-        self, run_dir: Path, cells: list[Cell], timed: dict[str, CellRecord] | None = None
-    ) -> None:
+    def __init__(self, run_dir: Path, on_crash: dict[str, CrashRecords]) -> None:
         self.run_dir = run_dir
-        self.by_id = {cell.id: cell for cell in cells}
-        self.timed = timed or {}
+        self.on_crash = on_crash
         self.finished: set[str] = set()
 
     @pytest.hookimpl
@@ -140,22 +142,40 @@ class Controller:
             self._record_crash(report)
 
     def _record_crash(self, report: pytest.TestReport) -> None:
-        cell = self.by_id.get(report.nodeid.rsplit("::", 1)[-1])
-        if cell is None or cell.id in self.finished:
+        name = item_name(report)
+        if name not in self.on_crash or name in self.finished:
             return
-        worker = getattr(report, "node", None)
-        worker_name = str(getattr(getattr(worker, "gateway", None), "id", "main"))
-        message = str(report.longrepr)
-        if cell.id in self.timed:
-            note = execute.join_notes(self.timed[cell.id].note, f"timing crashed: {message}")
-            record = replace(self.timed[cell.id], note=note)
-        else:
-            record = execute.crashed_record(cell, message, worker_name)
-        storage.append_record(self.run_dir, record)
+        gateway = getattr(getattr(report, "node", None), "gateway", None)
+        worker = str(getattr(gateway, "id", "main"))
+        for record in self.on_crash[name](str(report.longrepr), worker):
+            storage.append_record(self.run_dir, record)
         self._progress(report, "crashed")
 
     def _progress(self, report: pytest.TestReport, label: str) -> None:
-        name = report.nodeid.rsplit("::", 1)[-1]
+        name = item_name(report)
         self.finished.add(name)
-        width = len(str(len(self.by_id)))
-        print(f"[{len(self.finished):>{width}}/{len(self.by_id)}] {name}  {label}", flush=True)
+        width = len(str(len(self.on_crash)))
+        print(f"[{len(self.finished):>{width}}/{len(self.on_crash)}] {name}  {label}", flush=True)
+
+
+def item_name(report: pytest.TestReport) -> str:
+    return report.nodeid.rsplit("::", 1)[-1]
+
+
+def cell_crashes(cells: list[Cell]) -> dict[str, CrashRecords]:
+    """Correctness phase: a cell whose item fails is recorded as ``crashed``."""
+    return {cell.id: partial(crashed_cell, cell) for cell in cells}
+
+
+def crashed_cell(cell: Cell, message: str, worker: str) -> list[CellRecord]:
+    return [execute.crashed_record(cell, message, worker)]
+
+
+def timing_crashes(columns: dict[str, list[CellRecord]]) -> dict[str, CrashRecords]:
+    """Timing phase: a crash keeps each cell's measured record and adds a note."""
+    return {name: partial(noted_timing_crash, records) for name, records in columns.items()}
+
+
+def noted_timing_crash(records: list[CellRecord], message: str, worker: str) -> list[CellRecord]:
+    note = f"timing crashed in {worker}: {message}"
+    return [replace(r, note=execute.join_notes(r.note, note)) for r in records]

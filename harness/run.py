@@ -25,7 +25,7 @@ from harness import execute, registry, storage
 from harness.case import Case
 from harness.environment import capture_environment, now_iso
 from harness.matrix import Plan, Selection, check_selection, expand
-from harness.pytest_plugin import Controller
+from harness.pytest_plugin import Controller, cell_crashes, timing_crashes
 from harness.records import CellRecord
 from harness.timing import TimingConfig
 
@@ -112,30 +112,46 @@ def execute_cells(run_dir: Path, plan: Plan, workers: int, cases_dirs: Sequence[
         return 0
     cells = [cell.to_dict() for cell in plan.to_run]
     plan_path = write_plan(run_dir, storage.PLAN_FILE, cases_dirs, cells=cells)
-    controller = Controller(run_dir, plan.to_run)
+    controller = Controller(run_dir, cell_crashes(plan.to_run))
     return run_pytest(pytest_args(plan_path, workers), controller, threads_per_worker(workers))
 
 
 def cells_to_time(run_dir: Path) -> list[CellRecord]:
-    return [r for r in storage.read_records(run_dir) if r.outcome in execute.TIMED_OUTCOMES]
+    """Cells that ran, in a fixed order: what ran before a timed call (allocator and cache
+    state) must be the same from run to run."""
+    ran = [r for r in storage.read_records(run_dir) if r.outcome in execute.TIMED_OUTCOMES]
+    return sorted(ran, key=lambda r: r.cell)
+
+
+def timing_columns(records: Sequence[CellRecord]) -> dict[str, list[CellRecord]]:
+    """Cells compared with each other (one case, device, dtype, mode) are timed together."""
+    columns: dict[str, list[CellRecord]] = {}
+    for r in records:
+        name = f"{r.cell.case}[{r.cell.device},{r.cell.dtype},{r.cell.mode}]"
+        columns.setdefault(name, []).append(r)
+    return columns
 
 
 def time_cells(run_dir: Path, options: RunOptions) -> int:
-    """Timing phase: one worker per device, each timing its device's cells one at a time."""
+    """Timing phase: one worker per device, each timing its device's columns one at a time."""
     records = cells_to_time(run_dir)
     if not records:
         return 0
-    print(f"ampmatrix: timing {len(records)} cells, one device at a time per worker", flush=True)
+    columns = timing_columns(records)
+    print(
+        f"ampmatrix: timing {len(records)} cells in {len(columns)} groups, one worker per device",
+        flush=True,
+    )
     plan_path = write_plan(
         run_dir,
         storage.TIMING_PLAN_FILE,
         options.cases_dirs,
         cells=[],
-        timed=[r.to_dict() for r in records],
+        columns={name: [r.to_dict() for r in rs] for name, rs in columns.items()},
         timing=dataclasses.asdict(options.timing_config),
     )
     devices = {r.cell.device for r in records}
-    controller = Controller(run_dir, [r.cell for r in records], {r.cell.id: r for r in records})
+    controller = Controller(run_dir, timing_crashes(columns))
     threads = (os.cpu_count() or 1) if devices == {"cpu"} else threads_per_worker(len(devices))
     return run_pytest(pytest_args(plan_path, len(devices), grouped=True), controller, threads)
 

@@ -4,7 +4,8 @@ The method follows ``torch.utils.benchmark.Timer.blocked_autorange``: one *sampl
 block of calls long enough to dwarf the clock's resolution, and the figure is the median
 of per-call times over samples. Repetition is adaptive: sampling stops once the spread
 (IQR / median) falls under a threshold, or when the time budget runs out, in which case the
-result is flagged ``noisy``. The clock is injected, so tests drive it with a fake.
+result is flagged ``noisy``. Fixes that will be compared are timed interleaved, one sample
+of each per round. The clock is injected, so tests drive it with a fake.
 
 On CUDA a sample is bracketed by CUDA events (the device's own clock) after a synchronise,
 and an optional L2 flush (writing a buffer larger than the cache) precedes each sample.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -149,18 +150,39 @@ def measure(
     clock: Clock = time.perf_counter,
 ) -> Timing:
     """Time ``fn``: warm up, then sample blocks until stable or out of budget."""
+    return measure_interleaved([fn], config, stopwatch, clock)[0]
+
+
+def measure_interleaved(
+    fns: Sequence[Callable[[], Any]],
+    config: TimingConfig = TimingConfig(),
+    stopwatch: Stopwatch | None = None,
+    clock: Clock = time.perf_counter,
+) -> list[Timing]:
+    """Time several functions side by side: each round takes one sample of every function,
+    so a drift of the machine's speed during the measurement affects all of them alike.
+    Rounds go on until every function's spread is under the threshold, or the budget
+    (``budget_s`` per function) runs out."""
     watch = stopwatch or ClockStopwatch(clock)
-    block = block_size(warm_up(fn, config, watch, clock), config)
-    samples: list[float] = []
+    blocks = [block_size(warm_up(fn, config, watch, clock), config) for fn in fns]
+    samples: list[list[float]] = [[] for _ in fns]
+    budget = config.budget_s * len(fns)
     started = clock()
-    converged = False
-    while len(samples) < config.max_samples:
-        samples.append(watch.time_block(fn, block) / block)
-        if len(samples) >= config.min_samples:
-            converged = spread_of(samples) < config.iqr_threshold
-            if converged or clock() - started >= config.budget_s:
-                break
-    return summarize(samples, block, noisy=not converged, timer=watch.name)
+    while len(samples[0]) < config.max_samples:
+        for fn, block, mine in zip(fns, blocks, samples, strict=True):
+            mine.append(watch.time_block(fn, block) / block)
+        if len(samples[0]) >= config.min_samples and (
+            all(converged(s, config) for s in samples) or clock() - started >= budget
+        ):
+            break
+    return [
+        summarize(s, block, noisy=not converged(s, config), timer=watch.name)
+        for s, block in zip(samples, blocks, strict=True)
+    ]
+
+
+def converged(samples: list[float], config: TimingConfig) -> bool:
+    return len(samples) >= config.min_samples and spread_of(samples) < config.iqr_threshold
 
 
 def spread_of(samples: list[float]) -> float:

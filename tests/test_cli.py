@@ -98,22 +98,29 @@ def test_cells_that_ran_are_timed_serially_on_the_cpu(tmp_path: Path) -> None:
 
 
 def test_a_crashing_cell_costs_only_itself(tmp_path: Path) -> None:
+    crash_cases = str(FIXTURES / "crash_cases")
     result = harness(
         "run",
         "--cases-dir",
-        str(FIXTURES / "crash_cases"),
+        crash_cases,
         "--case",
         "toy-abort",
         "--out",
         str(tmp_path),
         "-n",
         "2",
+        "--time-budget",
+        "0.05",
     )
     assert result.returncode == 0, result.stderr
     records = {r.cell.fix: r for r in storage.read_records(only_run_dir(tmp_path))}
     assert records["abort"].outcome is Outcome.CRASHED
     assert records["abort"].error_type == "WorkerCrashed"
     assert records["none"].outcome is Outcome.PASSES
+    # a crash while timing keeps what the correctness phase measured, with a note
+    when_timed = records["abort-when-timed"]
+    assert when_timed.outcome is Outcome.PASSES and when_timed.numerics is not None
+    assert when_timed.perf is None and "timing crashed" in str(when_timed.note)
 
 
 def test_seed_case_reproduces_through_the_cli(tmp_path: Path) -> None:
@@ -129,6 +136,7 @@ def test_seed_case_reproduces_through_the_cli(tmp_path: Path) -> None:
         str(tmp_path),
         "-n",
         "0",
+        "--no-timing",
     )
     assert result.returncode == 0, result.stderr
     lines = (only_run_dir(tmp_path) / "cells.jsonl").read_text().splitlines()

@@ -13,6 +13,7 @@ from harness.timing import (
     TimingConfig,
     block_size,
     measure,
+    measure_interleaved,
     quartiles,
 )
 
@@ -97,3 +98,42 @@ def test_quartiles_match_numpy_default() -> None:
     samples = [5.0, 1.0, 4.0, 2.0, 9.0, 3.0]
     q1, q2, q3 = quartiles(samples)
     assert (q1, q2, q3) == tuple(numpy.percentile(samples, [25, 50, 75]))
+
+
+def test_interleaved_functions_take_one_sample_each_per_round() -> None:
+    clock = FakeClock(itertools.repeat(0.0))  # unused durations: each fn advances its own
+    order: list[str] = []
+
+    def fast() -> None:
+        clock.now += 0.001
+        order.append("fast")
+
+    def slow() -> None:
+        clock.now += 0.003
+        order.append("slow")
+
+    config = TimingConfig(warmup_s=0.0, min_warmup_calls=1, min_block_s=0.0, min_samples=3)
+    fast_t, slow_t = measure_interleaved([fast, slow], config, ClockStopwatch(clock), clock)
+    assert order == ["fast", "slow"] + ["fast", "slow"] * 3  # warm-up, then 3 rounds
+    assert (fast_t.median, slow_t.median) == pytest.approx((0.001, 0.003))
+    assert fast_t.count == slow_t.count == 3
+    assert not fast_t.noisy and not slow_t.noisy
+
+
+def test_interleaving_goes_on_until_every_function_is_stable() -> None:
+    clock = FakeClock(itertools.repeat(0.0))
+    noisy = itertools.cycle([0.001, 0.002])
+
+    def steady() -> None:
+        clock.now += 0.001
+
+    def jumpy() -> None:
+        clock.now += next(noisy)
+
+    config = TimingConfig(
+        warmup_s=0.0, min_warmup_calls=1, min_block_s=0.0, min_samples=3, budget_s=0.01
+    )
+    steady_t, jumpy_t = measure_interleaved([steady, jumpy], config, ClockStopwatch(clock), clock)
+    assert steady_t.count == jumpy_t.count  # the steady one kept sampling alongside
+    assert not steady_t.noisy and jumpy_t.noisy
+    assert clock.now >= 2 * config.budget_s  # the budget is per function
