@@ -1,0 +1,57 @@
+"""The run pipeline's planning pieces: timing groups, worker layout, per-device timers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from harness import run
+from harness.records import Cell, CellRecord, Outcome
+from harness.timing import ClockStopwatch, CudaEventStopwatch, stopwatch_for
+
+
+def ran(fix: str, device: str, dtype: str = "float16") -> CellRecord:
+    return CellRecord(Cell("c", fix, device, dtype, "half", "sdpa"), "2.13.0", Outcome.PASSES)
+
+
+def test_cells_compared_with_each_other_are_timed_together() -> None:
+    records = [ran("a", "cpu"), ran("b", "cpu"), ran("a", "cuda:0"), ran("a", "cpu", "bfloat16")]
+    columns = run.timing_columns(records)
+    assert {name: [r.cell.fix for r in rs] for name, rs in columns.items()} == {
+        "c[cpu,float16,half]": ["a", "b"],
+        "c[cuda:0,float16,half]": ["a"],
+        "c[cpu,bfloat16,half]": ["a"],
+    }
+
+
+def test_timing_runs_one_worker_per_device_grouped_by_device(tmp_path: Path) -> None:
+    args = run.pytest_args(tmp_path / "timing-plan.json", workers=3, grouped=True)
+    assert args[args.index("-n") + 1] == "3"
+    assert args[args.index("--dist") + 1] == "loadgroup"
+    assert "--dist" not in run.pytest_args(tmp_path / "plan.json", workers=2)
+    assert "-n" not in run.pytest_args(tmp_path / "plan.json", workers=0)
+
+
+def test_worker_count_never_exceeds_cells() -> None:
+    assert run.worker_count("8", cells=3) == 3
+    assert run.worker_count("0", cells=3) == 0
+    assert run.worker_count("auto", cells=1000) >= 1
+
+
+def test_cuda_devices_are_timed_with_events_and_cpu_with_the_host_clock() -> None:
+    assert isinstance(stopwatch_for(torch.device("cpu")), ClockStopwatch)
+    assert isinstance(stopwatch_for(torch.device("cuda:1")), CudaEventStopwatch)
+
+
+def test_measured_peaks_collect_per_device_and_dtype() -> None:
+    from harness.records import Perf
+
+    def with_peak(record: CellRecord, peak: float) -> CellRecord:
+        perf = Perf([1.0], 1, 1.0, 0.0, 1.0, 1, False, "t", 1, 0, None, peak, None, 0, "m")
+        return CellRecord(record.cell, record.torch_version, record.outcome, perf=perf)
+
+    peaks = run.measured_peaks(
+        [with_peak(ran("a", "cpu"), 5.0), with_peak(ran("a", "cpu", "bfloat16"), 7.0)]
+    )
+    assert peaks == {"cpu": {"float16": 5.0, "bfloat16": 7.0}}
