@@ -15,6 +15,7 @@ A case module defines one subclass of :class:`Case`, decorated with
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -187,5 +188,16 @@ class Case:
     def run_fix(self, fix_name: str, workload: Workload, ctx: RunContext) -> Any:
         return self.fixes[fix_name].func(self, workload, ctx)
 
-    def describe(self) -> str:
-        return f"{self.name}: {self.title}"
+    def metadata(self) -> dict[str, Any]:
+        """What a report shows about the case, stored with each run (``cases.json``)."""
+        return {
+            "name": self.name,
+            "title": self.title,
+            "upstream": dataclasses.asdict(self.upstream) if self.upstream else None,
+            "failure": dataclasses.asdict(self.failure) if self.failure else None,
+            "source_file": self.source_file,
+            "fixes": [
+                {"name": f.name, "rationale": f.rationale, "upstream": f.upstream}
+                for f in self.fixes.values()
+            ],
+        }

@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from harness import storage
 from harness.case import Case
 from harness.matrix import Selection, SelectionError
 from harness.registry import CaseContractError
 from harness.run import RunOptions, discover_cases, run
+from harness.speed import ALPHA, MIN_RATIO
 from harness.summary import render_summary
 from harness.timing import TimingConfig
 
@@ -89,7 +92,43 @@ def build_parser() -> argparse.ArgumentParser:
     run_parser.add_argument(
         "--flush-l2", action="store_true", help="on CUDA, flush the L2 cache before each sample"
     )
+    run_parser.add_argument(
+        "--report-dir",
+        type=Path,
+        metavar="DIR",
+        help="also render the run's HTML report into DIR/<run-id>.html",
+    )
+    add_report_parsers(commands)
     return parser
+
+
+def add_report_parsers(commands: Any) -> None:
+    report = commands.add_parser("report", help="render one HTML report over one or more runs")
+    report.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
+    report.add_argument(
+        "--out", type=Path, metavar="FILE", help="output file (default reports/<run-id>.html)"
+    )
+    report.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="BASE",
+        help="add a section comparing the (last) run with this run",
+    )
+    compare = commands.add_parser("compare", help="outcome and speed changes from BASE to HEAD")
+    compare.add_argument("base", type=Path, metavar="BASE")
+    compare.add_argument("head", type=Path, metavar="HEAD")
+    compare.add_argument(
+        "--min-ratio",
+        type=positive_float,
+        default=MIN_RATIO,
+        help=f"smallest speed ratio that counts (default {MIN_RATIO})",
+    )
+    compare.add_argument(
+        "--alpha",
+        type=positive_float,
+        default=ALPHA,
+        help=f"significance level of the Mann-Whitney U test (default {ALPHA})",
+    )
 
 
 def positive_float(value: str) -> float:
@@ -153,7 +192,62 @@ def command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     print()
     print(render_summary(records))
     print(f"\nresults: {run_dir / storage.CELLS_FILE}")
+    if args.report_dir:
+        from harness.report.aggregate import load_run
+        from harness.report.render import render_report, write_report
+
+        report = write_report(
+            render_report([load_run(run_dir)]), args.report_dir / f"{run_dir.name}.html"
+        )
+        print(f"report:  {report}")
     return 0
+
+
+def existing_run_dir(path: Path) -> Path:
+    if not path.is_dir():
+        raise storage.ResultsError(f"{path}: not a directory (expected a results run folder)")
+    return path
+
+
+def default_report_path(run_dirs: Sequence[Path]) -> Path:
+    if len(run_dirs) == 1:
+        return Path("reports") / f"{run_dirs[0].name}.html"
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    return Path("reports") / f"combined-{stamp}.html"
+
+
+def command_report(args: argparse.Namespace) -> int:
+    from harness.report.aggregate import load_run
+    from harness.report.compare import compare_runs
+    from harness.report.render import render_report, write_report
+
+    runs = [load_run(existing_run_dir(d)) for d in args.run_dirs]
+    out = args.out or default_report_path(args.run_dirs)
+    if out.resolve() in {
+        (d / name).resolve()
+        for d in args.run_dirs
+        for name in (storage.CELLS_FILE, storage.ENV_FILE, storage.CASES_FILE)
+    }:
+        raise storage.ResultsError(f"{out}: refusing to overwrite an input file")
+    comparison = None
+    if args.baseline:
+        comparison = compare_runs(load_run(existing_run_dir(args.baseline)), runs[-1])
+    for problem in (p for loaded in runs for p in loaded.problems):
+        print(f"ampmatrix: warning: {problem}", file=sys.stderr)
+    print(f"report: {write_report(render_report(runs, comparison), out)}")
+    return 0
+
+
+def command_compare(args: argparse.Namespace) -> int:
+    from harness.report.aggregate import load_run
+    from harness.report.compare import compare_runs, render_comparison
+
+    base, head = (load_run(existing_run_dir(d)) for d in (args.base, args.head))
+    for problem in base.problems + head.problems:
+        print(f"ampmatrix: warning: {problem}", file=sys.stderr)
+    comparison = compare_runs(base, head, args.min_ratio, args.alpha)
+    print(render_comparison(comparison))
+    return 1 if comparison.regressions else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -162,6 +256,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "list":
             return command_list(args)
+        if args.command == "report":
+            return command_report(args)
+        if args.command == "compare":
+            return command_compare(args)
         return command_run(args, argv)
     except (CaseContractError, SelectionError, storage.ResultsError) as error:
         print(f"ampmatrix: error: {error}", file=sys.stderr)

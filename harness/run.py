@@ -55,6 +55,8 @@ def plan_run(options: RunOptions) -> Plan:
 def start_run_dir(options: RunOptions) -> Path:
     run_dir = storage.create_run_dir(options.results_root, storage.new_run_id(torch.__version__))
     storage.write_env(run_dir, capture_environment(list(options.command)))
+    cases = [case.metadata() for case in registry.all_cases()]
+    storage.write_json_atomic(run_dir / storage.CASES_FILE, cases)
     return run_dir
 
 

@@ -16,6 +16,9 @@ CONTROL_MODE = "fp32"
 #: Medians closer than this ratio are within run-to-run noise: a tie. On a shared 2-core VM
 #: identical work was measured up to ~6% apart between runs (``nox -s bench`` prints it).
 TIE_RATIO = 1.10
+#: ``compare``: a speed change counts when beyond this ratio and significant at ALPHA.
+MIN_RATIO = 1.10
+ALPHA = 0.05
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any
 from harness.records import CellRecord
 
 ENV_FILE = "env.json"
+CASES_FILE = "cases.json"
 CELLS_FILE = "cells.jsonl"
 PLAN_FILE = "plan.json"
 TIMING_PLAN_FILE = "timing-plan.json"
@@ -56,6 +57,17 @@ def write_env(run_dir: Path, env: dict[str, Any]) -> None:
     write_json_atomic(run_dir / ENV_FILE, env)
 
 
+def read_cases(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """The case metadata stored with a run, by name (empty when the file is absent)."""
+    path = run_dir / CASES_FILE
+    try:
+        return {case["name"]: case for case in json.loads(path.read_text())}
+    except FileNotFoundError:
+        return {}
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise ResultsError(f"{path}: {error}") from error
+
+
 def append_record(run_dir: Path, record: CellRecord) -> None:
     line = (json.dumps(record.to_dict(), sort_keys=True) + "\n").encode()
     fd = os.open(run_dir / CELLS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -87,23 +99,34 @@ def read_env(run_dir: Path) -> dict[str, Any]:
     return data
 
 
-def read_record_lines(run_dir: Path) -> list[CellRecord]:
-    """Every line of ``cells.jsonl``, in the order written."""
+def read_record_lines(run_dir: Path, problems: list[str] | None = None) -> list[CellRecord]:
+    """Every line of ``cells.jsonl``, in the order written.
+
+    A line that cannot be read raises ResultsError naming the file and line; when a
+    ``problems`` list is given, the message goes there instead and the line is skipped, so
+    readers such as ``report`` use everything that is valid.
+    """
     path = run_dir / CELLS_FILE
     if not path.exists():
         return []
     records = []
     for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if line.strip():
+        if not line.strip():
+            continue
+        try:
             records.append(_parse_record(path, number, line))
+        except ResultsError as error:
+            if problems is None:
+                raise
+            problems.append(str(error))
     return records
 
 
-def read_records(run_dir: Path) -> list[CellRecord]:
+def read_records(run_dir: Path, problems: list[str] | None = None) -> list[CellRecord]:
     """One record per cell: ``cells.jsonl`` is a log, and a later line for a cell (its
     timed record, say) supersedes an earlier one."""
     latest: dict[str, CellRecord] = {}
-    for record in read_record_lines(run_dir):
+    for record in read_record_lines(run_dir, problems):
         latest.pop(record.cell.id, None)
         latest[record.cell.id] = record
     return list(latest.values())

@@ -1,0 +1,254 @@
+"""From results files to the tables a report shows: a pure function of the runs (pandas).
+
+Nothing here runs a case. Runs are read tolerantly: a line or file that cannot be read is
+listed as a problem (file and line), and everything valid is still used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from harness import storage
+from harness.records import CellRecord, Outcome
+from harness.speed import SpeedRatios, record_key, speed_ratios
+from harness.summary import DTYPE_ORDER, MODE_ORDER, short_outcome
+
+OUTCOME_ORDER = (
+    "raises:repro",
+    "raises:OTHER",
+    "inaccurate",
+    "passes",
+    "crashed",
+    "timeout",
+    "skipped",
+)
+
+
+@dataclass
+class Run:
+    """One results directory as read: its environment, records and reading problems."""
+
+    run_dir: Path
+    env: dict[str, Any]
+    records: list[CellRecord]
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.run_dir.name
+
+
+def load_run(run_dir: Path) -> Run:
+    problems: list[str] = []
+    try:
+        env = storage.read_env(run_dir)
+    except storage.ResultsError as error:
+        env, problems = {}, [str(error)]
+    records = storage.read_records(run_dir, problems)
+    if not records:
+        problems.append(f"{run_dir / storage.CELLS_FILE}: no records (an empty run)")
+    return Run(run_dir, env, records, problems)
+
+
+def load_runs(run_dirs: Sequence[Path]) -> list[Run]:
+    return [load_run(Path(d)) for d in run_dirs]
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """``2.13.0+cpu`` -> (2, 13, 0), so 2.4 sorts before 2.13."""
+    core = version.split("+")[0]
+    return tuple(int(p) if p.isdigit() else 0 for p in core.split("."))
+
+
+def environment_label(record: CellRecord, run: Run, show_host: bool) -> str:
+    label = f"torch {record.torch_version.split('+')[0]} · {record.cell.device}"
+    return f"{label} · {run.env.get('hostname', '?')}" if show_host else label
+
+
+def record_row(
+    record: CellRecord, run: Run, env: str, ratio: SpeedRatios | None
+) -> dict[str, Any]:
+    perf, numerics = record.perf, record.numerics
+    return {
+        **record.cell.to_dict(),
+        "run": run.name,
+        "torch_version": record.torch_version,
+        "env": env,
+        "outcome": record.outcome.value,
+        "label": short_outcome(record),
+        "reproduces": record.reproduces,
+        "error_type": record.error_type,
+        "error_message": record.error_message,
+        "skip_reason": record.skip_reason,
+        "note": record.note,
+        "out_dtype": record.out_dtype,
+        "attn_dtype": record.attn_dtype,
+        "rel_err": numerics.rel_err if numerics else None,
+        "tolerance": numerics.tolerance if numerics else None,
+        "median_s": perf.time_median_s if perf else None,
+        "iqr_s": perf.time_iqr_s if perf else None,
+        "noisy": perf.time_noisy if perf else None,
+        "peak_mem_bytes": perf.peak_mem_bytes if perf else None,
+        "gflops": perf.gflops if perf else None,
+        "peak_fraction": perf.peak_fraction if perf else None,
+        "vs_control": ratio.vs_control if ratio else None,
+        "vs_fastest": ratio.vs_fastest if ratio else None,
+    }
+
+
+def records_frame(runs: Sequence[Run]) -> pd.DataFrame:
+    """One row per cell per run, with its environment label and speed ratios."""
+    show_host = len({run.env.get("hostname") for run in runs}) > 1
+    rows = []
+    for run in runs:
+        ratios = speed_ratios(run.records)
+        for record in run.records:
+            env = environment_label(record, run, show_host)
+            rows.append(record_row(record, run, env, ratios.get(record_key(record))))
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return frame
+    frame["row"] = row_labels(frame)
+    return frame
+
+
+def row_labels(frame: pd.DataFrame) -> pd.Series:
+    """``fix``, or ``fix [backend]`` for cases that ran several backends."""
+    backends = frame.groupby("case")["backend"].transform("nunique")
+    with_backend = frame["fix"] + " [" + frame["backend"] + "]"
+    return with_backend.where(backends > 1, frame["fix"])
+
+
+def env_order(frame: pd.DataFrame) -> list[str]:
+    envs = frame.drop_duplicates("env")[["env", "torch_version", "device"]]
+    ordered = sorted(envs.itertuples(), key=lambda e: (version_key(e.torch_version), e.device))
+    return [e.env for e in ordered]
+
+
+def column_order(frame: pd.DataFrame) -> list[tuple[str, str, str]]:
+    keys = frame.drop_duplicates(["env", "dtype", "mode"])[["env", "dtype", "mode"]]
+    envs = env_order(frame)
+    return sorted(
+        (tuple(k) for k in keys.itertuples(index=False)),
+        key=lambda k: (envs.index(k[0]), _rank(DTYPE_ORDER, k[1]), _rank(MODE_ORDER, k[2])),
+    )
+
+
+def _rank(order: Sequence[str], value: str) -> int:
+    return order.index(value) if value in order else len(order)
+
+
+def row_order(frame: pd.DataFrame) -> list[tuple[str, str]]:
+    """(case, row) pairs: cases by name, the upstream path ``none`` first in each."""
+    pairs = frame.drop_duplicates(["case", "row"])[["case", "row", "fix"]]
+    ordered = sorted(pairs.itertuples(index=False), key=lambda p: (p.case, p.fix != "none", p.row))
+    return [(p.case, p.row) for p in ordered]
+
+
+def summary_matrix(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows (case, fix), columns (environment, dtype, mode), values the outcome label.
+
+    Cells skipped everywhere in a column are left out so the matrix shows what ran.
+    """
+    ran = frame[frame["outcome"] != Outcome.SKIPPED.value]
+    if ran.empty:
+        return pd.DataFrame()
+    table = ran.pivot_table(
+        index=["case", "row"], columns=["env", "dtype", "mode"], values="label", aggfunc="first"
+    )
+    return table.reindex(index=row_order(ran), columns=column_order(ran))
+
+
+def version_view(frame: pd.DataFrame) -> pd.DataFrame:
+    """For each case: in which torch versions its upstream path (fix ``none``) reproduces
+    the known failure, and in which dtypes."""
+    upstream = frame[(frame["fix"] == "none") & (frame["outcome"] != Outcome.SKIPPED.value)]
+    versions = sorted(upstream["torch_version"].unique(), key=version_key)
+    rows = {}
+    for case, group in upstream.groupby("case"):
+        rows[case] = {v: _reproduction_text(group[group["torch_version"] == v]) for v in versions}
+    return pd.DataFrame.from_dict(rows, orient="index", columns=versions).fillna("not run")
+
+
+def _reproduction_text(cells: pd.DataFrame) -> str:
+    if cells.empty:
+        return "not run"
+    repro = cells[cells["label"] == "raises:repro"]
+    if repro.empty:
+        return "does not reproduce"
+    where = sorted(
+        {f"{r.dtype}/{r.mode}" for r in repro.itertuples()},
+        key=lambda k: (_rank(DTYPE_ORDER, k.split("/")[0]), k),
+    )
+    return f"reproduces ({', '.join(where)}); {len(repro)} of {len(cells)} cells"
+
+
+def fixes_passing_everywhere(case_frame: pd.DataFrame) -> list[str]:
+    """Fixes other than ``none`` whose every cell that ran passed."""
+    ran = case_frame[
+        (case_frame["outcome"] != Outcome.SKIPPED.value) & (case_frame["fix"] != "none")
+    ]
+    return [str(fix) for fix, cells in ran.groupby("fix") if (cells["outcome"] == "passes").all()]
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    case: str
+    fix: str | None
+    reason: str
+
+
+def recommend(frame: pd.DataFrame, case: str) -> Recommendation:
+    """The fix that passes in every environment measured, with the lowest error and time.
+
+    Candidates are fixes other than ``none`` whose every cell that ran passed. Among them the
+    one with the lowest median error and the lowest median time (relative to the fastest
+    passing fix) wins; when no single fix is best at both, the sum of its two ranks decides
+    and the reason says what was traded.
+    """
+    mine = frame[(frame["case"] == case) & (frame["outcome"] != Outcome.SKIPPED.value)]
+    candidates = fixes_passing_everywhere(mine)
+    if not candidates:
+        return Recommendation(case, None, "no fix passes in every environment measured")
+    stats = (
+        mine[mine["fix"].isin(candidates)]
+        .groupby("fix")
+        .agg(
+            error=("rel_err", "median"),
+            time=("vs_fastest", "median"),
+            cells=("fix", "size"),
+            envs=("env", "nunique"),
+        )
+    )
+    stats["score"] = stats["error"].rank() + stats["time"].rank(na_option="bottom")
+    best = stats.sort_values(["score", "time"]).iloc[0]
+    name = str(stats.sort_values(["score", "time"]).index[0])
+    return Recommendation(case, name, _reason(name, best, stats))
+
+
+def _reason(name: str, best: pd.Series, stats: pd.DataFrame) -> str:
+    parts = [
+        f"passes in all {int(best['cells'])} cells over {int(best['envs'])} "
+        f"environment(s); median error {best['error']:.2e}"
+    ]
+    if pd.notna(best["time"]):
+        parts.append(f"median time {best['time']:.2f}x the fastest passing fix")
+    lowest_error, fastest = stats["error"].idxmin(), stats["time"].idxmin()
+    if lowest_error != name:
+        parts.append(
+            f"{lowest_error} is more accurate ({stats.loc[lowest_error, 'error']:.2e}) but slower"
+        )
+    if pd.notna(stats["time"].min()) and fastest != name:
+        parts.append(f"{fastest} is faster ({stats.loc[fastest, 'time']:.2f}x) but less accurate")
+    others = len(stats) - 1
+    parts.append(
+        f"{others} other fix(es) also pass everywhere"
+        if others
+        else "the only fix that passes everywhere"
+    )
+    return "; ".join(parts)

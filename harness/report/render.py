@@ -1,0 +1,302 @@
+"""The HTML report: one self-contained file (inline CSS and plots) over one or many runs.
+
+A pure function of results files; every string that comes from a run is escaped by
+Jinja2's autoescaping.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from jinja2 import Environment, PackageLoader, select_autoescape
+
+from harness import storage
+from harness.report import aggregate, plots
+from harness.report.aggregate import Run
+from harness.report.compare import Comparison
+
+LEGEND = (
+    ("raises:repro", "raises-repro", "fails with the case's known error (the failure reproduces)"),
+    ("raises:OTHER", "raises-other", "fails with a different, unexpected error"),
+    ("passes", "passes", "finite and within tolerance of the float64 reference"),
+    ("inaccurate", "inaccurate", "ran, but beyond tolerance or non-finite"),
+    ("skipped", "skipped", "not possible in that environment"),
+    ("crashed", "crashed", "the process running the cell died"),
+    ("timeout", "timeout", "ran past its time limit"),
+)
+CSS_CLASS = {label: css for label, css, _ in LEGEND}
+ISSUE_REF = re.compile(r"^(?P<repo>[\w.-]+/[\w.-]+)#(?P<number>\d+)$")
+
+
+def template_environment() -> Environment:
+    return Environment(
+        loader=PackageLoader("harness.report", "templates"),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+        trim_blocks=False,
+    )
+
+
+def fmt(value: Any, spec: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return format(value, spec)
+
+
+def fmt_bytes(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return ""
+
+
+@dataclass(frozen=True)
+class MatrixView:
+    env_spans: list[tuple[str, int]]
+    columns: list[tuple[str, str, str]]
+    rows: list[dict[str, Any]]
+
+
+def matrix_view(frame: pd.DataFrame) -> MatrixView:
+    table = aggregate.summary_matrix(frame)
+    if table.empty:
+        return MatrixView([], [], [])
+    columns = [tuple(c) for c in table.columns]
+    spans: list[tuple[str, int]] = []
+    for env, *_ in columns:
+        if spans and spans[-1][0] == env:
+            spans[-1] = (env, spans[-1][1] + 1)
+        else:
+            spans.append((env, 1))
+    rows = []
+    for (case, row), values in table.iterrows():
+        cells = [
+            {
+                "label": v if isinstance(v, str) else "-",
+                "css": CSS_CLASS.get(v, "missing") if isinstance(v, str) else "missing",
+            }
+            for v in values
+        ]
+        rows.append({"case": case, "fix": row, "cells": cells})
+    return MatrixView(spans, columns, rows)
+
+
+def upstream_links(meta: dict[str, Any]) -> list[tuple[str, str]]:
+    up = meta.get("upstream") or {}
+    repo, commit, file = up.get("repo", ""), up.get("commit", ""), up.get("file", "")
+    base = f"https://github.com/{repo}"
+    links = [(repo, base)] if repo else []
+    if file:
+        links.append((file, f"{base}/blob/{commit or 'HEAD'}/{file}"))
+    if commit:
+        links.append((f"commit {commit[:10]}", f"{base}/commit/{commit}"))
+    for issue in up.get("issues", []):
+        match = ISSUE_REF.match(issue)
+        if match:
+            links.append((issue, f"https://github.com/{match['repo']}/issues/{match['number']}"))
+    if up.get("url"):
+        links.append(("link", up["url"]))
+    return links
+
+
+def text_or_none(value: Any) -> str | None:
+    """Strings from the frame, with pandas' missing values as None."""
+    return value if isinstance(value, str) and value else None
+
+
+def cell_rows(case_frame: pd.DataFrame) -> list[dict[str, Any]]:
+    rows = []
+    ordered = case_frame.sort_values(
+        ["fix", "backend", "env", "dtype", "mode"], key=lambda s: s.map(lambda v: (v != "none", v))
+    )
+    for r in ordered.itertuples():
+        rows.append(
+            {
+                "row": r.row,
+                "env": r.env,
+                "dtype": r.dtype,
+                "mode": r.mode,
+                "label": r.label,
+                "css": CSS_CLASS.get(r.label, ""),
+                "skip_reason": text_or_none(r.skip_reason),
+                "out_dtype": text_or_none(r.out_dtype),
+                "attn_dtype": text_or_none(r.attn_dtype),
+                "rel_err": fmt(r.rel_err, ".2e"),
+                "tolerance": fmt(r.tolerance, ".2e"),
+                "median": fmt(None if pd.isna(r.median_s) else r.median_s * 1e3, ".3f")
+                + (" ms" if pd.notna(r.median_s) else "")
+                + ("~" if r.noisy is True else ""),
+                "vs_control": fmt(r.vs_control, ".2f"),
+                "vs_fastest": fmt(r.vs_fastest, ".2f"),
+                "memory": fmt_bytes(r.peak_mem_bytes),
+                "gflops": fmt(r.gflops, ".2f"),
+                "peak_fraction": fmt(r.peak_fraction, ".1%"),
+            }
+        )
+    return rows
+
+
+def skipped_summary(case_frame: pd.DataFrame) -> list[tuple[str, int]]:
+    skipped = case_frame[case_frame["outcome"] == "skipped"]
+    counts = skipped.groupby(["env", "skip_reason"]).size()
+    return [(f"{env}: {reason}", int(n)) for (env, reason), n in counts.items()]
+
+
+def messages(case_frame: pd.DataFrame) -> list[dict[str, str]]:
+    found = []
+    for r in case_frame.itertuples():
+        for text in (r.error_message, r.note):
+            if isinstance(text, str) and text:
+                found.append({"where": f"{r.row} · {r.env} · {r.dtype}/{r.mode}", "text": text})
+    return found
+
+
+def case_view(frame: pd.DataFrame, case: str, meta: dict[str, Any] | None) -> dict[str, Any]:
+    mine = frame[frame["case"] == case]
+    recommendation = aggregate.recommend(frame, case)
+    passing = set(aggregate.fixes_passing_everywhere(mine))
+    return {
+        "name": case,
+        "meta": meta,
+        "links": upstream_links(meta or {}),
+        "recommendation": recommendation,
+        "plot": plots.error_vs_time(mine, passing),
+        "rows": cell_rows(mine[mine["outcome"] != "skipped"]),
+        "skipped": skipped_summary(mine),
+        "messages": messages(mine),
+    }
+
+
+def environment_facts(run: Run) -> list[tuple[str, str]]:
+    env = run.env
+    keys = (
+        "torch_version",
+        "torch_git_version",
+        "cuda_version",
+        "cudnn_version",
+        "gpus",
+        "cuda_driver",
+        "cpu",
+        "cpu_count",
+        "torch_num_threads",
+        "workers",
+        "threads_per_worker",
+        "peak_gflops",
+        "packages",
+        "flags",
+        "timing",
+        "python",
+        "platform",
+        "hostname",
+        "harness_commit",
+        "started_at",
+        "finished_at",
+        "command",
+    )
+    facts = [("results", str(run.run_dir))]
+    for key in keys:
+        if key in env:
+            value = env[key]
+            text = (
+                " ".join(value)
+                if key == "command"
+                else (
+                    json.dumps(value, sort_keys=True)
+                    if isinstance(value, dict | list)
+                    else str(value)
+                )
+            )
+            facts.append((key, text))
+    return facts
+
+
+def version_rows(frame: pd.DataFrame) -> dict[str, Any]:
+    view = aggregate.version_view(frame)
+    return {
+        "columns": [c.split("+")[0] for c in view.columns],
+        "rows": [(case, list(values)) for case, values in view.iterrows()],
+    }
+
+
+def render_report(runs: Sequence[Run], comparison: Comparison | None = None) -> str:
+    frame = aggregate.records_frame(runs)
+    metadata: dict[str, dict[str, Any]] = {}
+    problems = [p for run in runs for p in run.problems]
+    for run in runs:
+        try:
+            metadata.update(storage.read_cases(run.run_dir))
+        except storage.ResultsError as error:
+            problems.append(str(error))
+    cases = sorted(frame["case"].unique()) if not frame.empty else []
+    context = {
+        "title": "ampmatrix report",
+        "generated_at": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "runs": [
+            {"name": run.name, "path": str(run.run_dir), "facts": environment_facts(run)}
+            for run in runs
+        ],
+        "problems": problems,
+        "legend": LEGEND,
+        "matrix": matrix_view(frame) if not frame.empty else MatrixView([], [], []),
+        "versions": version_rows(frame) if not frame.empty else {"columns": [], "rows": []},
+        "cases": [case_view(frame, case, metadata.get(case)) for case in cases],
+        "comparison": comparison,
+    }
+    return template_environment().get_template("report.html.j2").render(**context)
+
+
+def write_report(html: str, out: Path) -> Path:
+    """Write the report (never over an input file) and refresh the folder's index."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".html.tmp")
+    tmp.write_text(html)
+    tmp.replace(out)
+    write_index(out.parent)
+    return out
+
+
+def write_index(folder: Path) -> Path:
+    """``index.html``: every report in the folder, newest first."""
+    reports = sorted(
+        (p for p in folder.glob("*.html") if p.name != "index.html"),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    html = (
+        template_environment()
+        .from_string(INDEX_TEMPLATE)
+        .render(
+            reports=[
+                (
+                    p.name,
+                    datetime.fromtimestamp(p.stat().st_mtime, timezone.utc).strftime(
+                        "%Y-%m-%d %H:%M UTC"
+                    ),
+                )
+                for p in reports
+            ]
+        )
+    )
+    index = folder / "index.html"
+    index.write_text(html)
+    return index
+
+
+INDEX_TEMPLATE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>ampmatrix reports</title>
+<style>body{font:14px system-ui,sans-serif;margin:2em}li{margin:.3em 0}</style></head>
+<body><h1>ampmatrix reports</h1><p>Newest first.</p><ul>
+{% for name, when in reports %}<li><a href="{{ name }}">{{ name }}</a> ({{ when }})</li>
+{% endfor %}</ul></body></html>
+"""
