@@ -8,6 +8,8 @@ Every install names the torch pin too, so no other package can swap torch for an
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import nox
 
@@ -44,7 +46,47 @@ def matrix(session: nox.Session) -> None:
     """Run every case on every available device; arguments after -- go to `harness run`."""
     version = torch_version()
     install_with_torch(session, version, "-e", ".", *lightning_requirements(version))
-    session.run("python", "-m", "harness", "run", *session.posargs)
+    session.run("python", "-m", "harness", "run", "--report-dir", "reports", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def report(session: nox.Session) -> None:
+    """Render one HTML report: `nox -s report -- RUN_DIR... [--baseline BASE]`
+    (default: the newest run under results/)."""
+    install_with_torch(session, DEFAULT_TORCH, "-e", ".")
+    args = session.posargs or [str(newest_run(session))]
+    session.run("python", "-m", "harness", "report", *args)
+
+
+def newest_run(session: nox.Session) -> Path:
+    runs = sorted(
+        (p for p in Path("results").glob("*") if (p / "env.json").exists()),
+        key=lambda p: p.stat().st_mtime,
+    )
+    if not runs:
+        session.error("no run under results/: run `nox -s matrix` first")
+    return runs[-1]
+
+
+def install_browser(session: nox.Session) -> None:
+    """Chromium for the report's browser test, where this machine lets us install it."""
+    if shutil.which("chromium") or os.environ.get("AMPMATRIX_NO_BROWSER"):
+        return
+    if not (hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get")):
+        session.log("chromium not installed and apt-get unavailable: the browser test skips")
+        return
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    session.run("apt-get", "update", "-qq", external=True, env=env, success_codes=[0, 100])
+    session.run(
+        "apt-get",
+        "install",
+        "-y",
+        "-qq",
+        "chromium",
+        external=True,
+        env=env,
+        success_codes=[0, 100],
+    )
 
 
 @nox.session(python=PYTHON)
@@ -61,6 +103,7 @@ def tests(session: nox.Session) -> None:
     install_with_torch(
         session, DEFAULT_TORCH, "-e", ".[test]", *lightning_requirements(DEFAULT_TORCH)
     )
+    install_browser(session)
     session.run("pytest", "-n", "auto", *session.posargs)
 
 

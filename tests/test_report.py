@@ -1,0 +1,199 @@
+"""Report aggregation and compare, against golden files from stored result sets; the HTML
+report's escaping, tolerance of bad input, and a look at it in a real browser."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import storage
+from harness.report import aggregate
+from harness.report.compare import compare_runs, render_comparison
+from harness.report.render import render_report, write_report
+
+DATA = Path(__file__).parent / "data" / "runs"
+GOLDEN = Path(__file__).parent / "golden"
+OLD, NEW = DATA / "torch-2.4.1", DATA / "torch-2.13.0"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def check_golden(name: str, text: str) -> None:
+    """Compare with the stored golden file; AMPMATRIX_UPDATE_GOLDEN=1 rewrites it."""
+    path = GOLDEN / name
+    if os.environ.get("AMPMATRIX_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text()
+
+
+@pytest.fixture(scope="module")
+def frame():
+    return aggregate.records_frame(aggregate.load_runs([OLD, NEW]))
+
+
+def test_summary_matrix_golden(frame) -> None:
+    check_golden("summary_matrix.csv", aggregate.summary_matrix(frame).fillna("-").to_csv())
+
+
+def test_version_view_golden(frame) -> None:
+    view = aggregate.version_view(frame)
+    assert list(view.columns) == ["2.4.1+cu121", "2.13.0+cpu"]  # 2.4 sorts before 2.13
+    check_golden("version_view.csv", view.to_csv())
+
+
+def test_recommendations_golden(frame) -> None:
+    lines = [
+        f"{r.case}: {r.fix}: {r.reason}"
+        for r in (aggregate.recommend(frame, c) for c in sorted(frame["case"].unique()))
+    ]
+    check_golden("recommendations.txt", "\n".join(lines) + "\n")
+
+
+def test_compare_golden() -> None:
+    comparison = compare_runs(aggregate.load_run(OLD), aggregate.load_run(NEW))
+    check_golden("compare.txt", render_comparison(comparison) + "\n")
+    changed = {c.cell.id: c.verdict for c in comparison.changes if c.kind == "outcome"}
+    assert changed["dia-sdpa-kv-cache[none,cpu,float16,half,sdpa]"] == "improvement"
+
+
+def test_compare_exits_non_zero_on_a_regression(tmp_path: Path) -> None:
+    forward = subprocess.run(
+        [sys.executable, "-m", "harness", "compare", str(OLD), str(NEW)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    backward = subprocess.run(
+        [sys.executable, "-m", "harness", "compare", str(NEW), str(OLD)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert "regression" in backward.stdout.lower()
+    assert backward.returncode == 1
+    assert forward.returncode == (1 if "REGRESSION" in forward.stdout else 0)
+
+
+def test_report_over_two_versions_shows_both_side_by_side(tmp_path: Path) -> None:
+    html = render_report(aggregate.load_runs([OLD, NEW]))
+    assert "torch 2.4.1 · cpu" in html and "torch 2.13.0 · cpu" in html
+    assert html.count("data:image/png;base64,") == 2  # one plot per case
+    assert "Recommended:" in html and "https://github.com/NVlabs/Sana" in html
+    assert "<script" not in html and "http://" not in html.replace("http://www.w3.org", "")
+
+
+def test_strings_from_runs_are_escaped(tmp_path: Path) -> None:
+    run = tmp_path / "evil"
+    shutil.copytree(NEW, run)
+    lines = (run / storage.CELLS_FILE).read_text().splitlines()
+    # the last line is a cell's final record (earlier lines of a cell are superseded)
+    evil = lines[-1].replace('"note": null', '"note": "<script>alert(1)</script>"')
+    evil = evil.replace('"fix": "', '"fix": "<b>x</b>')
+    (run / storage.CELLS_FILE).write_text("\n".join([*lines[:-1], evil]) + "\n")
+    html = render_report(aggregate.load_runs([run]))
+    assert "<script>alert" not in html and "<b>x</b>" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "&lt;b&gt;x&lt;/b&gt;" in html
+
+
+def test_report_reads_everything_valid_and_names_bad_lines(tmp_path: Path) -> None:
+    run = tmp_path / "damaged"
+    shutil.copytree(NEW, run)
+    cells = run / storage.CELLS_FILE
+    good = len(storage.read_records(NEW))
+    with cells.open("a") as f:
+        f.write('{"schema_version": 1, "case": "trunc')
+    (run / storage.ENV_FILE).unlink()
+    before = cells.read_bytes()
+    loaded = aggregate.load_run(run)
+    assert len(loaded.records) == good
+    assert any(re.search(r"cells\.jsonl:\d+:", p) for p in loaded.problems)
+    assert any("env.json: missing" in p for p in loaded.problems)
+    html = render_report([loaded])
+    assert "Some input could not be read" in html and "cells.jsonl:" in html
+    assert cells.read_bytes() == before  # input never rewritten
+
+
+def test_empty_run_is_reported_not_fatal(tmp_path: Path) -> None:
+    run = tmp_path / "empty"
+    run.mkdir()
+    storage.write_env(run, {"torch_version": "2.13.0"})
+    loaded = aggregate.load_run(run)
+    assert loaded.problems == [f"{run / storage.CELLS_FILE}: no records (an empty run)"]
+    assert "No cell ran" in render_report([loaded])
+
+
+def test_index_lists_reports_newest_first(tmp_path: Path) -> None:
+    html = render_report(aggregate.load_runs([NEW]))
+    first = write_report(html, tmp_path / "a.html")
+    os.utime(first, (1, 1))
+    write_report(html, tmp_path / "b.html")
+    index = (tmp_path / "index.html").read_text()
+    assert index.index("b.html") < index.index("a.html")
+
+
+def test_report_cli_refuses_to_overwrite_its_input(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(NEW, run)
+    target = run / storage.CELLS_FILE
+    before = target.read_bytes()
+    result = subprocess.run(
+        [sys.executable, "-m", "harness", "report", str(run), "--out", str(target)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2 and "refusing to overwrite" in result.stderr
+    assert target.read_bytes() == before
+
+
+def chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(
+    chromium() is None,
+    reason="Chromium is not installed (Debian package "
+    "'chromium'; nox -s tests installs it where it can)",
+)
+def test_report_opens_in_headless_chromium_without_console_errors(tmp_path: Path) -> None:
+    report = write_report(render_report(aggregate.load_runs([OLD, NEW])), tmp_path / "r.html")
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--no-first-run",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--enable-logging=stderr",
+        "--v=0",
+    ]
+    shot = tmp_path / "shot.png"
+    result = subprocess.run(
+        [
+            str(chromium()),
+            *flags,
+            "--window-size=1400,1800",
+            f"--screenshot={shot}",
+            report.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shot.exists() and shot.stat().st_size > 50_000, result.stderr[-2000:]
+    console = [line for line in result.stderr.splitlines() if "CONSOLE" in line]
+    assert console == []
+    dom = subprocess.run(
+        [str(chromium()), *flags, "--dump-dom", report.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    assert 'id="summary-matrix"' in dom and dom.count("data:image/png;base64,") == 2
