@@ -91,10 +91,12 @@ def install_browser(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Benchmark of the harness itself: timer agreement, overhead, wall time, repeatability."""
+    """Benchmark of the harness itself: timer agreement, overhead, wall time, repeatability,
+    and report rendering over a thousand cells."""
     version = torch_version()
     install_with_torch(session, version, "-e", ".", *lightning_requirements(version))
     session.run("python", "benchmarks/bench_harness.py", *session.posargs)
+    session.run("python", "benchmarks/bench_report.py")
 
 
 @nox.session(python=PYTHON)
