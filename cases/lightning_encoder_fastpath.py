@@ -55,6 +55,13 @@ def build_source() -> torch.Tensor:
     return torch.randn(BATCH, SEQ_LEN, D_MODEL)
 
 
+def encoder_workload(ctx: RunContext) -> Workload:
+    """The encoder and its input, placed for the cell (shared with the Trainer case)."""
+    encoder = build_encoder()
+    src = build_source()
+    return Workload(model=ctx.place(encoder), inputs={"src": ctx.tensor(src)})
+
+
 def param_dtype(module: nn.Module) -> torch.dtype:
     return next(module.parameters()).dtype
 
@@ -149,9 +156,7 @@ class LightningEncoderFastpath(Case):
     backends = ("sdpa",)
 
     def build(self, ctx: RunContext) -> Workload:
-        encoder = build_encoder()
-        src = build_source()
-        return Workload(model=ctx.place(encoder), inputs={"src": ctx.tensor(src)})
+        return encoder_workload(ctx)
 
     @fix(
         "none",

@@ -29,8 +29,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from cases.lightning_encoder_fastpath import (
     MAT1_MAT2_DTYPES,
-    build_encoder,
-    build_source,
+    encoder_workload,
     fastpath_disabled,
     record_self_attention,
 )
@@ -134,9 +133,7 @@ class LightningTrainerValidate(Case):
     requires = ("lightning",)
 
     def build(self, ctx: RunContext) -> Workload:
-        encoder = build_encoder()
-        src = build_source()
-        return Workload(model=ctx.place(encoder), inputs={"src": ctx.tensor(src)})
+        return encoder_workload(ctx)
 
     @fix(
         "none",
