@@ -112,7 +112,9 @@ def tests(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     """ruff (lint and format check) and mypy."""
-    install_with_torch(session, DEFAULT_TORCH, "-e", ".[lint,test]", "nox")
+    install_with_torch(
+        session, DEFAULT_TORCH, "-e", ".[lint,test]", "nox", *lightning_requirements(DEFAULT_TORCH)
+    )
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy")
