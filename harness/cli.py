@@ -17,6 +17,7 @@ from harness.run import RunOptions, discover_cases, run
 from harness.speed import ALPHA, MIN_RATIO
 from harness.summary import render_summary
 from harness.timing import TimingConfig
+from harness.versions import render_bisect
 
 #: ``--flag`` -> the Selection field it fills.
 AXIS_FLAGS = {
@@ -99,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also render the run's HTML report into DIR/<run-id>.html",
     )
     add_report_parsers(commands)
+    add_bisect_parser(commands)
     return parser
 
 
@@ -129,6 +131,15 @@ def add_report_parsers(commands: Any) -> None:
         default=ALPHA,
         help=f"significance level of the Mann-Whitney U test (default {ALPHA})",
     )
+
+
+def add_bisect_parser(commands: Any) -> None:
+    bisect = commands.add_parser(
+        "bisect", help="outcomes of the same cells across torch versions, and where they change"
+    )
+    bisect.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
+    bisect.add_argument("--case", action="append", metavar="NAME", help="only this case")
+    bisect.add_argument("--fix", action="append", metavar="NAME", help="only this fix")
 
 
 def positive_float(value: str) -> float:
@@ -250,6 +261,27 @@ def command_compare(args: argparse.Namespace) -> int:
     return 1 if comparison.regressions else 0
 
 
+def command_bisect(args: argparse.Namespace) -> int:
+    cases, fixes = split_values(args.case), split_values(args.fix)
+    records = []
+    for run_dir in args.run_dirs:
+        problems: list[str] = []
+        records += storage.read_records(existing_run_dir(run_dir), problems)
+        for problem in problems:
+            print(f"ampmatrix: warning: {problem}", file=sys.stderr)
+    chosen = [
+        r
+        for r in records
+        if (not cases or r.cell.case in cases) and (not fixes or r.cell.fix in fixes)
+    ]
+    if records and not chosen:
+        raise SelectionError(
+            f"no records of case {cases or 'any'} / fix {fixes or 'any'} in these runs"
+        )
+    print(render_bisect(chosen))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -260,6 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return command_report(args)
         if args.command == "compare":
             return command_compare(args)
+        if args.command == "bisect":
+            return command_bisect(args)
         return command_run(args, argv)
     except (CaseContractError, SelectionError, storage.ResultsError) as error:
         print(f"ampmatrix: error: {error}", file=sys.stderr)

@@ -17,6 +17,7 @@ from harness import storage
 from harness.records import CellRecord, Outcome
 from harness.speed import SpeedRatios, record_key, speed_ratios
 from harness.summary import DTYPE_ORDER, MODE_ORDER, short_outcome
+from harness.versions import version_key
 
 OUTCOME_ORDER = (
     "raises:repro",
@@ -57,12 +58,6 @@ def load_run(run_dir: Path) -> Run:
 
 def load_runs(run_dirs: Sequence[Path]) -> list[Run]:
     return [load_run(Path(d)) for d in run_dirs]
-
-
-def version_key(version: str) -> tuple[int, ...]:
-    """``2.13.0+cpu`` -> (2, 13, 0), so 2.4 sorts before 2.13."""
-    core = version.split("+")[0]
-    return tuple(int(p) if p.isdigit() else 0 for p in core.split("."))
 
 
 def environment_label(record: CellRecord, run: Run, show_host: bool) -> str:

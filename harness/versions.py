@@ -1,0 +1,86 @@
+"""Where behaviour changed across torch versions: outcomes of the same cells, version by
+version, and the consecutive versions between which an outcome differs."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from harness.records import CellRecord, Outcome
+from harness.summary import format_rows, short_outcome
+
+#: A cell across environments: everything but the torch version.
+CellKey = tuple[str, str, str, str, str, str]
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """``2.13.0+cpu`` -> (2, 13, 0), so 2.4 sorts before 2.13."""
+    core = version.split("+")[0]
+    return tuple(int(p) if p.isdigit() else 0 for p in core.split("."))
+
+
+@dataclass(frozen=True)
+class OutcomeChange:
+    cell: CellKey
+    before_version: str
+    before: str
+    after_version: str
+    after: str
+
+    def describe(self) -> str:
+        case, fix, device, dtype, mode, backend = self.cell
+        return (
+            f"{case}[{fix},{device},{dtype},{mode},{backend}]: {self.before} on torch "
+            f"{self.before_version} -> {self.after} on torch {self.after_version}"
+        )
+
+
+def outcomes_by_version(records: Iterable[CellRecord]) -> dict[CellKey, dict[str, str]]:
+    """For each cell that ran, its outcome label under each torch version."""
+    table: dict[CellKey, dict[str, str]] = {}
+    for r in records:
+        if r.outcome is Outcome.SKIPPED:
+            continue
+        c = r.cell
+        key = (c.case, c.fix, c.device, c.dtype, c.mode, c.backend)
+        table.setdefault(key, {})[r.torch_version] = short_outcome(r)
+    return table
+
+
+def outcome_changes(records: Sequence[CellRecord]) -> list[OutcomeChange]:
+    """Consecutive versions (in version order) between which a cell's outcome differs."""
+    changes = []
+    for cell, by_version in sorted(outcomes_by_version(records).items()):
+        versions = sorted(by_version, key=version_key)
+        for before, after in itertools.pairwise(versions):
+            if by_version[before] != by_version[after]:
+                changes.append(
+                    OutcomeChange(cell, before, by_version[before], after, by_version[after])
+                )
+    return changes
+
+
+def render_bisect(records: Sequence[CellRecord]) -> str:
+    """The outcome of every cell under every version, then the changes."""
+    table = outcomes_by_version(records)
+    versions = sorted({v for by in table.values() for v in by}, key=version_key)
+    rows = [["cell", *(f"torch {v.split('+')[0]}" for v in versions)]]
+    for (case, fix, device, dtype, mode, backend), by in sorted(table.items()):
+        rows.append(
+            [
+                f"{case}[{fix},{device},{dtype},{mode},{backend}]",
+                *(by.get(v, "-") for v in versions),
+            ]
+        )
+    lines = ["  " + row for row in format_rows(rows)] if len(rows) > 1 else ["  no cell ran"]
+    changes = outcome_changes(records)
+    lines.append("")
+    if len(versions) < 2:
+        lines.append(f"only one torch version among the runs ({', '.join(versions) or 'none'})")
+    elif changes:
+        lines.append(f"outcome changes ({len(changes)}):")
+        lines += ["  " + change.describe() for change in changes]
+    else:
+        lines.append(f"no outcome changes across torch {', '.join(versions)}")
+    return "\n".join(lines)
