@@ -50,7 +50,10 @@ class PlanFile(pytest.File):
         run_dir = Path(plan["run_dir"])
         for data in plan["cells"]:
             cell = Cell.from_dict(data)
-            yield CellItem.from_parent(self, name=cell.id, cell=cell, run_dir=run_dir)
+            cell_item = CellItem.from_parent(self, name=cell.id, cell=cell, run_dir=run_dir)
+            if cell.device.startswith("cuda"):  # one worker owns each GPU
+                cell_item.add_marker(pytest.mark.xdist_group(cell.device))
+            yield cell_item
         config = TimingConfig(**plan.get("timing", {}))
         for name, column in plan.get("columns", {}).items():
             records = [CellRecord.from_dict(data) for data in column]

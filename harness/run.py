@@ -26,7 +26,7 @@ from harness.case import Case
 from harness.environment import capture_environment, now_iso
 from harness.matrix import Plan, Selection, check_selection, expand
 from harness.pytest_plugin import Controller, cell_crashes, timing_crashes
-from harness.records import CellRecord
+from harness.records import Cell, CellRecord
 from harness.timing import TimingConfig
 
 
@@ -76,10 +76,15 @@ def write_plan(run_dir: Path, name: str, cases_dirs: Sequence[Path], **items: An
     return path
 
 
-def worker_count(workers: str, cells: int) -> int:
-    """``auto`` means one worker per core, never more workers than cells."""
-    count = (os.cpu_count() or 1) if workers == "auto" else int(workers)
-    return max(0, min(count, cells))
+def worker_count(workers: str, cells: Sequence[Cell]) -> int:
+    """``auto``: one worker per core, and at least one per GPU plus one for the CPU cells;
+    never more workers than cells."""
+    if workers != "auto":
+        return max(0, min(int(workers), len(cells)))
+    devices = {c.device for c in cells}
+    gpus = sum(d.startswith("cuda") for d in devices)
+    wanted = max(os.cpu_count() or 1, gpus + ("cpu" in devices))
+    return min(wanted, len(cells))
 
 
 #: pytest plugins the cell run does without: no cache files in the results directory, and
@@ -115,7 +120,9 @@ def execute_cells(run_dir: Path, plan: Plan, workers: int, cases_dirs: Sequence[
     cells = [cell.to_dict() for cell in plan.to_run]
     plan_path = write_plan(run_dir, storage.PLAN_FILE, cases_dirs, cells=cells)
     controller = Controller(run_dir, cell_crashes(plan.to_run))
-    return run_pytest(pytest_args(plan_path, workers), controller, threads_per_worker(workers))
+    grouped = any(c.device.startswith("cuda") for c in plan.to_run)
+    args = pytest_args(plan_path, workers, grouped)
+    return run_pytest(args, controller, threads_per_worker(workers))
 
 
 def cells_to_time(run_dir: Path) -> list[CellRecord]:
@@ -190,7 +197,7 @@ def run(options: RunOptions) -> Path:
         flush=True,
     )
     record_skipped(run_dir, plan)
-    workers = worker_count(options.workers, len(plan.to_run))
+    workers = worker_count(options.workers, plan.to_run)
     exit_code = execute_cells(run_dir, plan, workers, options.cases_dirs)
     if options.timing:
         exit_code = max(exit_code, time_cells(run_dir, options))

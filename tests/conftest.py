@@ -10,6 +10,8 @@ import pytest
 
 from harness import execute, registry
 
+pytest_plugins = ["pytester"]
+
 FIXTURES = Path(__file__).parent / "fixtures"
 TOY_CASES = FIXTURES / "cases"
 BROKEN_CASES = FIXTURES / "broken_cases"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
 import torch
 
-from harness import run
+from harness import run, storage
 from harness.records import Cell, CellRecord, Outcome
 from harness.timing import ClockStopwatch, CudaEventStopwatch, stopwatch_for
 
@@ -34,9 +36,35 @@ def test_timing_runs_one_worker_per_device_grouped_by_device(tmp_path: Path) -> 
 
 
 def test_worker_count_never_exceeds_cells() -> None:
-    assert run.worker_count("8", cells=3) == 3
-    assert run.worker_count("0", cells=3) == 0
-    assert run.worker_count("auto", cells=1000) >= 1
+    cells = [ran(f"f{i}", "cpu").cell for i in range(3)]
+    assert run.worker_count("8", cells) == 3
+    assert run.worker_count("0", cells) == 0
+    assert run.worker_count("auto", cells * 400) >= 1
+
+
+def test_auto_workers_give_every_gpu_its_own_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    cells = [
+        ran(f"f{i}", device).cell
+        for i in range(4)
+        for device in ("cpu", "cuda:0", "cuda:1", "cuda:2")
+    ]
+    assert run.worker_count("auto", cells) == 4  # three GPUs and the CPU, on 2 cores
+
+
+def test_gpu_cells_are_grouped_per_device_in_the_correctness_phase(
+    pytester: pytest.Pytester,
+) -> None:
+    cells = [ran("none", d).cell.to_dict() for d in ("cpu", "cuda:0", "cuda:1")]
+    plan = pytester.path / storage.PLAN_FILE
+    plan.write_text(json.dumps({"run_dir": str(pytester.path), "cases_dirs": [], "cells": cells}))
+    items, _ = pytester.inline_genitems(str(plan), "-p", "harness.pytest_plugin")
+    groups = {item.name: [m.args[0] for m in item.iter_markers("xdist_group")] for item in items}
+    assert groups == {
+        "c[none,cpu,float16,half,sdpa]": [],
+        "c[none,cuda:0,float16,half,sdpa]": ["cuda:0"],
+        "c[none,cuda:1,float16,half,sdpa]": ["cuda:1"],
+    }
 
 
 def test_cuda_devices_are_timed_with_events_and_cpu_with_the_host_clock() -> None:
