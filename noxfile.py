@@ -142,6 +142,14 @@ def report(session: nox.Session) -> None:
     session.run("python", "-m", "harness", "report", *args)
 
 
+@nox.session(python=PYTHON)
+def compare(session: nox.Session) -> None:
+    """`nox -s compare -- BASE HEAD`: outcome and speed changes; fails on a regression.
+    BASE and HEAD are runs, or results folders compared torch version by version."""
+    install_with_torch(session, DEFAULT_TORCH, "-e", ".")
+    session.run("python", "-m", "harness", "compare", *session.posargs)
+
+
 def newest_run(session: nox.Session) -> Path:
     runs = sorted(
         (p for p in Path("results").glob("*") if (p / "env.json").exists()),

@@ -116,7 +116,11 @@ def add_report_parsers(commands: Any) -> None:
         metavar="BASE",
         help="add a section comparing the (last) run with this run",
     )
-    compare = commands.add_parser("compare", help="outcome and speed changes from BASE to HEAD")
+    compare = commands.add_parser(
+        "compare",
+        help="outcome and speed changes from BASE to HEAD (two runs, or two results folders: "
+        "then each torch version's newest run is compared with the same version's)",
+    )
     compare.add_argument("base", type=Path, metavar="BASE")
     compare.add_argument("head", type=Path, metavar="HEAD")
     compare.add_argument(
@@ -251,14 +255,25 @@ def command_report(args: argparse.Namespace) -> int:
 
 def command_compare(args: argparse.Namespace) -> int:
     from harness.report.aggregate import load_run
-    from harness.report.compare import compare_runs, render_comparison
+    from harness.report.compare import compare_runs, pair_runs, render_comparison
 
-    base, head = (load_run(existing_run_dir(d)) for d in (args.base, args.head))
-    for problem in base.problems + head.problems:
-        print(f"ampmatrix: warning: {problem}", file=sys.stderr)
-    comparison = compare_runs(base, head, args.min_ratio, args.alpha)
-    print(render_comparison(comparison))
-    return 1 if comparison.regressions else 0
+    pairs = pair_runs(existing_run_dir(args.base), existing_run_dir(args.head))
+    if not pairs:
+        print(
+            f"ampmatrix: no run of {args.head} has a run of the same torch version in "
+            f"{args.base}: nothing to compare",
+            file=sys.stderr,
+        )
+        return 0
+    regressions = 0
+    for base_dir, head_dir in pairs:
+        base, head = load_run(base_dir), load_run(head_dir)
+        for problem in base.problems + head.problems:
+            print(f"ampmatrix: warning: {problem}", file=sys.stderr)
+        comparison = compare_runs(base, head, args.min_ratio, args.alpha)
+        print(render_comparison(comparison))
+        regressions += len(comparison.regressions)
+    return 1 if regressions else 0
 
 
 def command_bisect(args: argparse.Namespace) -> int:

@@ -10,9 +10,11 @@ that the test cannot confirm is reported as ambiguous.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from scipy.stats import mannwhitneyu
 
+from harness import storage
 from harness.records import Cell, CellRecord, Outcome
 from harness.report.aggregate import Run
 from harness.speed import ALPHA, MIN_RATIO
@@ -101,6 +103,33 @@ def compare_runs(
         only_in_base=sorted(base_cells.keys() - head_cells.keys()),
         only_in_head=sorted(head_cells.keys() - base_cells.keys()),
     )
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / storage.ENV_FILE).exists() or (path / storage.CELLS_FILE).exists()
+
+
+def newest_run_per_version(root: Path) -> dict[str, Path]:
+    """In a folder of runs, the newest run of each torch version (by its env.json)."""
+    runs: dict[str, Path] = {}
+    for run_dir in sorted(p for p in root.iterdir() if p.is_dir() and is_run_dir(p)):
+        try:
+            version = str(storage.read_env(run_dir).get("torch_version"))
+        except storage.ResultsError:
+            continue
+        runs[version] = run_dir  # names start with a UTC timestamp: the last is the newest
+    return runs
+
+
+def pair_runs(base: Path, head: Path) -> list[tuple[Path, Path]]:
+    """Two runs compare as they are; two results folders pair up by torch version."""
+    if is_run_dir(base) and is_run_dir(head):
+        return [(base, head)]
+    bases = {base.name: base} if is_run_dir(base) else newest_run_per_version(base)
+    heads = {head.name: head} if is_run_dir(head) else newest_run_per_version(head)
+    if is_run_dir(base) or is_run_dir(head):
+        return [(b, h) for b in bases.values() for h in heads.values()]
+    return [(bases[v], heads[v]) for v in sorted(heads) if v in bases]
 
 
 def render_comparison(comparison: Comparison) -> str:

@@ -1,0 +1,69 @@
+"""Finding where behaviour changed across torch versions, and pairing runs for compare."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from harness import storage
+from harness.records import Cell, CellRecord, Outcome
+from harness.report.compare import pair_runs
+from harness.versions import outcome_changes, render_bisect, version_key
+
+DATA = Path(__file__).parent / "data" / "runs"
+
+
+def rec(
+    version: str, outcome: Outcome, reproduces: bool | None = None, fix: str = "none"
+) -> CellRecord:
+    return CellRecord(
+        Cell("c", fix, "cpu", "float16", "half", "sdpa"), version, outcome, reproduces=reproduces
+    )
+
+
+def test_versions_sort_numerically() -> None:
+    assert sorted(["2.13.0+cpu", "2.4.1+cu121", "2.10.1"], key=version_key) == [
+        "2.4.1+cu121",
+        "2.10.1",
+        "2.13.0+cpu",
+    ]
+
+
+def test_changes_are_reported_between_consecutive_versions() -> None:
+    records = [
+        rec("2.13.0", Outcome.PASSES),
+        rec("2.4.1", Outcome.RAISES, True),
+        rec("2.5.1", Outcome.RAISES, True),
+        rec("2.4.1", Outcome.PASSES, fix="cast"),
+    ]
+    (change,) = outcome_changes(records)
+    assert (change.before_version, change.before) == ("2.5.1", "raises:repro")
+    assert (change.after_version, change.after) == ("2.13.0", "passes")
+    text = render_bisect(records)
+    expected = (
+        "c[none,cpu,float16,half,sdpa]: raises:repro on torch 2.5.1 -> passes on torch 2.13.0"
+    )
+    assert expected in text
+
+
+def test_no_change_and_single_version_are_said_plainly() -> None:
+    assert "no outcome changes across torch 2.4.1, 2.13.0" in render_bisect(
+        [rec("2.4.1", Outcome.PASSES), rec("2.13.0", Outcome.PASSES)]
+    )
+    assert "only one torch version" in render_bisect([rec("2.4.1", Outcome.PASSES)])
+
+
+def test_results_folders_pair_up_by_torch_version(tmp_path: Path) -> None:
+    base, head = tmp_path / "base", tmp_path / "head"
+    for root, stamp in ((base, "20260101"), (head, "20260102")):
+        for name in ("torch-2.4.1", "torch-2.13.0"):
+            shutil.copytree(DATA / name, root / f"{stamp}T000000-{name}")
+    shutil.copytree(DATA / "torch-2.13.0", head / "20260103T000000-torch-2.13.0")
+    pairs = [(b.name, h.name) for b, h in pair_runs(base, head)]
+    assert pairs == [
+        ("20260101T000000-torch-2.13.0", "20260103T000000-torch-2.13.0"),
+        ("20260101T000000-torch-2.4.1", "20260102T000000-torch-2.4.1"),
+    ]
+    one = base / "20260101T000000-torch-2.4.1"
+    assert pair_runs(one, one) == [(one, one)]
+    assert storage.read_env(one)["torch_version"].startswith("2.4.1")
