@@ -118,6 +118,19 @@ def test_report_reads_everything_valid_and_names_bad_lines(tmp_path: Path) -> No
     assert cells.read_bytes() == before  # input never rewritten
 
 
+def test_report_of_runs_without_timing(tmp_path: Path) -> None:
+    run = tmp_path / "untimed"
+    shutil.copytree(NEW, run)
+    lines = (run / storage.CELLS_FILE).read_text().splitlines()
+    untimed = [line for line in lines if '"time_median_s": null' in line]
+    (run / storage.CELLS_FILE).write_text("\n".join(untimed) + "\n")
+    frame = aggregate.records_frame(aggregate.load_runs([run]))
+    assert frame["median_s"].isna().all()
+    recommendation = aggregate.recommend(frame, "sana-softmax-float")
+    assert recommendation.fix and "no timing in these runs" in recommendation.reason
+    assert "Recommended:" in render_report(aggregate.load_runs([run]))
+
+
 def test_empty_run_is_reported_not_fatal(tmp_path: Path) -> None:
     run = tmp_path / "empty"
     run.mkdir()

@@ -226,6 +226,11 @@ def recommend(frame: pd.DataFrame, case: str) -> Recommendation:
     return Recommendation(case, name, _reason(name, best, stats))
 
 
+def best_of(values: pd.Series) -> str | None:
+    """The index of the smallest value, or None when there are only missing values."""
+    return str(values.idxmin()) if values.notna().any() else None
+
+
 def _reason(name: str, best: pd.Series, stats: pd.DataFrame) -> str:
     parts = [
         f"passes in all {int(best['cells'])} cells over {int(best['envs'])} "
@@ -233,13 +238,15 @@ def _reason(name: str, best: pd.Series, stats: pd.DataFrame) -> str:
     ]
     if pd.notna(best["time"]):
         parts.append(f"median time {best['time']:.2f}x the fastest passing fix")
-    lowest_error, fastest = stats["error"].idxmin(), stats["time"].idxmin()
-    if lowest_error != name:
+    lowest_error, fastest = best_of(stats["error"]), best_of(stats["time"])
+    if lowest_error not in (None, name):
         parts.append(
             f"{lowest_error} is more accurate ({stats.loc[lowest_error, 'error']:.2e}) but slower"
         )
-    if pd.notna(stats["time"].min()) and fastest != name:
+    if fastest not in (None, name):
         parts.append(f"{fastest} is faster ({stats.loc[fastest, 'time']:.2f}x) but less accurate")
+    if best_of(stats["time"]) is None:
+        parts.append("no timing in these runs")
     others = len(stats) - 1
     parts.append(
         f"{others} other fix(es) also pass everywhere"
