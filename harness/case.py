@@ -164,6 +164,8 @@ class Case:
     backends: ClassVar[tuple[str, ...]] = ("sdpa",)
     #: Modules that must be importable for the case to run; otherwise cells are skipped.
     requires: ClassVar[tuple[str, ...]] = ()
+    #: The case's own time limit per cell in seconds (instead of the run's ``--timeout``).
+    timeout_s: ClassVar[float | None] = None
     source_file: str = ""
 
     def build(self, ctx: RunContext) -> Workload:

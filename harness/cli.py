@@ -11,6 +11,7 @@ from typing import Any
 
 from harness import storage
 from harness.case import Case
+from harness.isolation import DEFAULT_TIMEOUT_S, Limits
 from harness.matrix import Selection, SelectionError
 from harness.registry import CaseContractError
 from harness.run import RunOptions, discover_cases, run
@@ -92,6 +93,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run_parser.add_argument(
         "--flush-l2", action="store_true", help="on CUDA, flush the L2 cache before each sample"
+    )
+    run_parser.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"time limit per cell; a case may set its own (default {DEFAULT_TIMEOUT_S:g})",
+    )
+    run_parser.add_argument(
+        "--memory-limit",
+        type=positive_float,
+        metavar="GIB",
+        help="memory limit per cell process (RLIMIT_DATA); beyond it allocations fail",
     )
     run_parser.add_argument(
         "--report-dir",
@@ -201,6 +215,10 @@ def command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         command=("python -m harness", *argv),
         timing=not args.no_timing,
         timing_config=TimingConfig(budget_s=args.time_budget, flush_l2=args.flush_l2),
+        limits=Limits(
+            timeout_s=args.timeout,
+            memory_bytes=int(args.memory_limit * 2**30) if args.memory_limit else None,
+        ),
     )
     run_dir = run(options)
     records = storage.read_records(run_dir)

@@ -152,11 +152,19 @@ def skipped_record(cell: Cell, reason: str) -> CellRecord:
 def crashed_record(cell: Cell, message: str, worker: str | None = None) -> CellRecord:
     """A cell whose worker process died, or on which the harness itself failed."""
     worker_died = "crashed while running" in message
+    error_type = "WorkerCrashed" if worker_died else "HarnessError"
+    return limit_record(cell, Outcome.CRASHED, error_type, message, worker)
+
+
+def limit_record(
+    cell: Cell, outcome: Outcome, error_type: str, message: str, worker: str | None
+) -> CellRecord:
+    """A cell that produced no record of its own: it crashed or ran out of time."""
     return CellRecord(
         cell=cell,
         torch_version=torch.__version__,
-        outcome=Outcome.CRASHED,
-        error_type="WorkerCrashed" if worker_died else "HarnessError",
+        outcome=outcome,
+        error_type=error_type,
         error_message=message[:MAX_MESSAGE],
         worker=worker,
     )

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from harness import execute, registry, storage
+from harness.isolation import Limits, run_cell_isolated
 from harness.records import Cell, CellRecord, Outcome
 from harness.timing import TimingConfig
 
@@ -48,9 +49,12 @@ class PlanFile(pytest.File):
         plan = load_plan(self.path)
         registry.discover(Path(d) for d in plan["cases_dirs"])
         run_dir = Path(plan["run_dir"])
+        limits = Limits(**plan.get("limits", {}))
         for data in plan["cells"]:
             cell = Cell.from_dict(data)
-            cell_item = CellItem.from_parent(self, name=cell.id, cell=cell, run_dir=run_dir)
+            cell_item = CellItem.from_parent(
+                self, name=cell.id, cell=cell, run_dir=run_dir, limits=limits_for(cell, limits)
+            )
             if cell.device.startswith("cuda"):  # one worker owns each GPU
                 cell_item.add_marker(pytest.mark.xdist_group(cell.device))
             yield cell_item
@@ -64,14 +68,24 @@ class PlanFile(pytest.File):
             yield item
 
 
+def limits_for(cell: Cell, limits: Limits) -> Limits:
+    """The run's limits, with the case's own time limit where it declares one."""
+    own = registry.get(cell.case).timeout_s
+    return replace(limits, timeout_s=own) if own else limits
+
+
 class CellItem(pytest.Item):
-    def __init__(self, *, cell: Cell, run_dir: Path, **kwargs: Any) -> None:
+    """Runs one cell in a process of its own (see ``harness.isolation``)."""
+
+    def __init__(self, *, cell: Cell, run_dir: Path, limits: Limits, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.cell = cell
         self.run_dir = run_dir
+        self.limits = limits
 
     def runtest(self) -> None:
-        record = execute.run_cell(self.cell, worker=worker_id(self.config))
+        threads = int(os.environ.get("AMPMATRIX_THREADS", "1"))
+        record = run_cell_isolated(self.cell, worker_id(self.config), self.limits, threads)
         storage.append_record(self.run_dir, record)
         self.user_properties.append((OUTCOME_KEY, outcome_label(record)))
 

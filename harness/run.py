@@ -24,6 +24,7 @@ import torch
 from harness import execute, registry, storage
 from harness.case import Case
 from harness.environment import capture_environment, now_iso
+from harness.isolation import Limits
 from harness.matrix import Plan, Selection, check_selection, expand
 from harness.pytest_plugin import Controller, cell_crashes, timing_crashes
 from harness.records import Cell, CellRecord
@@ -39,6 +40,7 @@ class RunOptions:
     command: tuple[str, ...] = field(default_factory=tuple)
     timing: bool = True
     timing_config: TimingConfig = field(default_factory=TimingConfig)
+    limits: Limits = field(default_factory=Limits)
 
 
 def discover_cases(cases_dirs: Sequence[Path]) -> list[Case]:
@@ -113,12 +115,18 @@ def run_pytest(args: list[str], controller: Controller, threads: int) -> int:
     return int(pytest.main(args, plugins=[controller]))
 
 
-def execute_cells(run_dir: Path, plan: Plan, workers: int, cases_dirs: Sequence[Path]) -> int:
+def execute_cells(run_dir: Path, plan: Plan, workers: int, options: RunOptions) -> int:
     """Correctness phase: run the cells as pytest items; returns pytest's exit code."""
     if not plan.to_run:
         return 0
     cells = [cell.to_dict() for cell in plan.to_run]
-    plan_path = write_plan(run_dir, storage.PLAN_FILE, cases_dirs, cells=cells)
+    plan_path = write_plan(
+        run_dir,
+        storage.PLAN_FILE,
+        options.cases_dirs,
+        cells=cells,
+        limits=dataclasses.asdict(options.limits),
+    )
     controller = Controller(run_dir, cell_crashes(plan.to_run))
     grouped = any(c.device.startswith("cuda") for c in plan.to_run)
     args = pytest_args(plan_path, workers, grouped)
@@ -198,7 +206,7 @@ def run(options: RunOptions) -> Path:
     )
     record_skipped(run_dir, plan)
     workers = worker_count(options.workers, plan.to_run)
-    exit_code = execute_cells(run_dir, plan, workers, options.cases_dirs)
+    exit_code = execute_cells(run_dir, plan, workers, options)
     if options.timing:
         exit_code = max(exit_code, time_cells(run_dir, options))
     finish_run(run_dir, exit_code, workers, options)
