@@ -14,7 +14,7 @@ from harness.case import Case
 from harness.isolation import DEFAULT_TIMEOUT_S, Limits
 from harness.matrix import Selection, SelectionError
 from harness.registry import CaseContractError
-from harness.run import RunOptions, discover_cases, run
+from harness.run import RunOptions, discover_cases, resume, run
 from harness.speed import ALPHA, MIN_RATIO
 from harness.summary import render_summary
 from harness.timing import TimingConfig
@@ -106,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_float,
         metavar="GIB",
         help="memory limit per cell process (RLIMIT_DATA); beyond it allocations fail",
+    )
+    run_parser.add_argument(
+        "--resume",
+        type=Path,
+        metavar="RUN_DIR",
+        help="finish a stopped run: only its missing cells run (selection flags not allowed)",
     )
     run_parser.add_argument(
         "--report-dir",
@@ -207,6 +213,8 @@ def selection_from(args: argparse.Namespace) -> Selection:
 
 
 def command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    if args.resume:
+        return command_resume(args)
     options = RunOptions(
         selection=selection_from(args),
         cases_dirs=tuple(args.cases_dir),
@@ -220,17 +228,31 @@ def command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
             memory_bytes=int(args.memory_limit * 2**30) if args.memory_limit else None,
         ),
     )
-    run_dir = run(options)
-    records = storage.read_records(run_dir)
+    return show_run(run(options), args.report_dir)
+
+
+def command_resume(args: argparse.Namespace) -> int:
+    chosen = [f"--{flag}" for flag in AXIS_FLAGS if getattr(args, flag)]
+    if chosen or args.cases_dir:
+        raise SelectionError(
+            f"--resume finishes the run as it was started: drop "
+            f"{', '.join(chosen + ['--cases-dir'] * bool(args.cases_dir))}"
+        )
+    run_dir = resume(existing_run_dir(args.resume), args.workers)
+    return show_run(run_dir, args.report_dir)
+
+
+def show_run(run_dir: Path, report_dir: Path | None) -> int:
+    """The summary of a finished run, its path, and its report when asked for."""
     print()
-    print(render_summary(records))
+    print(render_summary(storage.read_records(run_dir)))
     print(f"\nresults: {run_dir / storage.CELLS_FILE}")
-    if args.report_dir:
+    if report_dir:
         from harness.report.aggregate import load_run
         from harness.report.render import render_report, write_report
 
         report = write_report(
-            render_report([load_run(run_dir)]), args.report_dir / f"{run_dir.name}.html"
+            render_report([load_run(run_dir)]), report_dir / f"{run_dir.name}.html"
         )
         print(f"report:  {report}")
     return 0

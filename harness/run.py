@@ -133,11 +133,18 @@ def execute_cells(run_dir: Path, plan: Plan, workers: int, options: RunOptions) 
     return run_pytest(args, controller, threads_per_worker(workers))
 
 
+def needs_timing(record: CellRecord) -> bool:
+    """A cell that ran and has no figures yet (nor a note that timing it failed)."""
+    tried = record.note is not None and "timing" in record.note
+    return record.outcome in execute.TIMED_OUTCOMES and record.perf is None and not tried
+
+
 def cells_to_time(run_dir: Path) -> list[CellRecord]:
-    """Cells that ran, in a fixed order: what ran before a timed call (allocator and cache
+    """Cells to time, in a fixed order: what ran before a timed call (allocator and cache
     state) must be the same from run to run."""
-    ran = [r for r in storage.read_records(run_dir) if r.outcome in execute.TIMED_OUTCOMES]
-    return sorted(ran, key=lambda r: r.cell)
+    return sorted(
+        (r for r in storage.read_records(run_dir) if needs_timing(r)), key=lambda r: r.cell
+    )
 
 
 def timing_columns(records: Sequence[CellRecord]) -> dict[str, list[CellRecord]]:
@@ -195,15 +202,22 @@ def measured_peaks(records: Sequence[CellRecord]) -> dict[str, dict[str, float]]
     return peaks
 
 
-def run(options: RunOptions) -> Path:
-    """Run the selected matrix; returns the run directory."""
-    plan = plan_run(options)
-    run_dir = start_run_dir(options)
-    print(
-        f"ampmatrix: {len(plan.to_run)} cells to run, {len(plan.skipped)} skipped here; "
-        f"results in {run_dir}",
-        flush=True,
+def write_run_plan(run_dir: Path, plan: Plan, options: RunOptions) -> None:
+    """Everything ``--resume`` needs to finish this run as it was started."""
+    storage.write_json_atomic(
+        run_dir / storage.RUN_PLAN_FILE,
+        {
+            "cells": [cell.to_dict() for cell in plan.to_run],
+            "skipped": [[cell.to_dict(), reason] for cell, reason in plan.skipped],
+            "cases_dirs": [str(Path(d).resolve()) for d in options.cases_dirs],
+            "limits": dataclasses.asdict(options.limits),
+            "timing": dataclasses.asdict(options.timing_config) if options.timing else None,
+        },
     )
+
+
+def run_cells(run_dir: Path, plan: Plan, options: RunOptions) -> Path:
+    """Record the skipped cells, run the others, time what ran, and close the run."""
     record_skipped(run_dir, plan)
     workers = worker_count(options.workers, plan.to_run)
     exit_code = execute_cells(run_dir, plan, workers, options)
@@ -211,3 +225,52 @@ def run(options: RunOptions) -> Path:
         exit_code = max(exit_code, time_cells(run_dir, options))
     finish_run(run_dir, exit_code, workers, options)
     return run_dir
+
+
+def run(options: RunOptions) -> Path:
+    """Run the selected matrix; returns the run directory."""
+    plan = plan_run(options)
+    run_dir = start_run_dir(options)
+    write_run_plan(run_dir, plan, options)
+    print(
+        f"ampmatrix: {len(plan.to_run)} cells to run, {len(plan.skipped)} skipped here; "
+        f"results in {run_dir}",
+        flush=True,
+    )
+    return run_cells(run_dir, plan, options)
+
+
+def resume(run_dir: Path, workers: str = "auto") -> Path:
+    """Finish a run that was stopped: only the cells without a record run (and, if the run
+    times cells, only the cells without figures are timed)."""
+    saved = storage.read_run_plan(run_dir)
+    options = RunOptions(
+        cases_dirs=tuple(Path(d) for d in saved["cases_dirs"]),
+        results_root=run_dir.parent,
+        workers=workers,
+        timing=saved["timing"] is not None,
+        timing_config=TimingConfig(**(saved["timing"] or {})),
+        limits=Limits(**saved["limits"]),
+    )
+    discover_cases(options.cases_dirs)
+    dropped = storage.drop_partial_last_line(run_dir)
+    done = {record.cell for record in storage.read_records(run_dir, problems=[])}
+    plan = Plan(
+        to_run=[c for c in map(Cell.from_dict, saved["cells"]) if c not in done],
+        skipped=[
+            (Cell.from_dict(c), reason)
+            for c, reason in saved["skipped"]
+            if Cell.from_dict(c) not in done
+        ],
+    )
+    env = storage.read_env(run_dir)
+    env.setdefault("resumed", []).append(
+        {"at": now_iso(), "dropped_partial_line": dropped, "cells_left": len(plan.to_run)}
+    )
+    storage.write_env(run_dir, env)
+    print(
+        f"ampmatrix: resuming {run_dir}: {len(plan.to_run)} of {len(saved['cells'])} cells "
+        "left to run",
+        flush=True,
+    )
+    return run_cells(run_dir, plan, options)

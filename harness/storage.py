@@ -21,6 +21,7 @@ ENV_FILE = "env.json"
 CASES_FILE = "cases.json"
 CELLS_FILE = "cells.jsonl"
 PLAN_FILE = "plan.json"
+RUN_PLAN_FILE = "run-plan.json"
 TIMING_PLAN_FILE = "timing-plan.json"
 PLAN_FILES = (PLAN_FILE, TIMING_PLAN_FILE)
 
@@ -97,6 +98,33 @@ def read_env(run_dir: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ResultsError(f"{path}: expected a JSON object")
     return data
+
+
+def read_run_plan(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / RUN_PLAN_FILE
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError as error:
+        raise ResultsError(f"{path}: missing: this run cannot be resumed") from error
+    except json.JSONDecodeError as error:
+        raise ResultsError(f"{path}: not valid JSON ({error})") from error
+    return data
+
+
+def drop_partial_last_line(run_dir: Path) -> str | None:
+    """A run killed in the middle of a write can leave half a line at the end of
+    ``cells.jsonl``; cut it (it holds no complete record) so appending can go on.
+    Returns what was cut."""
+    path = run_dir / CELLS_FILE
+    if not path.exists():
+        return None
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return None
+    keep = data.rfind(b"\n") + 1
+    with path.open("r+b") as f:
+        f.truncate(keep)
+    return data[keep:].decode(errors="replace")
 
 
 def read_record_lines(run_dir: Path, problems: list[str] | None = None) -> list[CellRecord]:

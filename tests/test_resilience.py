@@ -1,0 +1,195 @@
+"""Fault injection: crashes, hangs, memory exhaustion, kills at random moments and resume.
+Each test checks the exact outcome recorded and that every other cell's record is intact."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import storage
+from harness.records import CellRecord, Outcome
+from tests.conftest import FIXTURES, TOY_CASES
+
+ROOT = Path(__file__).resolve().parent.parent
+CRASH_CASES = FIXTURES / "crash_cases"
+
+
+def harness(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def only_run_dir(root: Path) -> Path:
+    (run_dir,) = root.iterdir()
+    return run_dir
+
+
+def figures(records: list[CellRecord]) -> dict[str, tuple[object, ...]]:
+    """What must match between runs: outcome, error type and the error figures."""
+    return {
+        r.cell.id: (r.outcome, r.reproduces, r.error_type, r.out_dtype, r.numerics)
+        for r in records
+    }
+
+
+def test_faults_are_classified_and_cost_only_themselves(tmp_path: Path) -> None:
+    started = time.monotonic()
+    faulty = harness(
+        "run",
+        "--cases-dir",
+        str(CRASH_CASES),
+        "--cases-dir",
+        str(TOY_CASES),
+        "--case",
+        "toy-abort,toy-mixed-matmul",
+        "--device",
+        "cpu",
+        "--no-timing",
+        "--timeout",
+        "3",
+        "--memory-limit",
+        "4",
+        "-n",
+        "2",
+        "--out",
+        str(tmp_path / "faulty"),
+    )
+    assert faulty.returncode == 0, faulty.stderr
+    assert time.monotonic() - started < 120  # the hang was cut at its time limit
+    records = {
+        r.cell.fix: r
+        for r in storage.read_records(only_run_dir(tmp_path / "faulty"))
+        if r.cell.case == "toy-abort"
+    }
+    assert records["abort"].outcome is Outcome.CRASHED
+    assert "signal 6 (SIGABRT)" in str(records["abort"].error_message)
+    assert records["segfault"].outcome is Outcome.CRASHED
+    assert "signal 11 (SIGSEGV)" in str(records["segfault"].error_message)
+    assert records["hang"].outcome is Outcome.TIMEOUT
+    assert "after 3 s" in str(records["hang"].error_message)
+    assert records["exhaust-memory"].outcome is Outcome.RAISES
+    assert "can't allocate memory" in str(records["exhaust-memory"].error_message)
+    assert records["none"].outcome is Outcome.PASSES
+
+    clean = harness(
+        "run",
+        "--cases-dir",
+        str(TOY_CASES),
+        "--case",
+        "toy-mixed-matmul",
+        "--device",
+        "cpu",
+        "--no-timing",
+        "-n",
+        "2",
+        "--out",
+        str(tmp_path / "clean"),
+    )
+    assert clean.returncode == 0, clean.stderr
+    toy_faulty = [
+        r
+        for r in storage.read_records(only_run_dir(tmp_path / "faulty"))
+        if r.cell.case == "toy-mixed-matmul"
+    ]
+    assert figures(toy_faulty) == figures(storage.read_records(only_run_dir(tmp_path / "clean")))
+
+
+SEED_SELECTION = (
+    "--case",
+    "sana-softmax-float,var-normalize-promotion,dia-sdpa-kv-cache",
+    "--device",
+    "cpu",
+    "-n",
+    "2",
+)
+
+
+@pytest.mark.parametrize("run_timing", [False, True])
+def test_a_run_killed_at_a_random_moment_resumes_to_the_same_results(
+    tmp_path: Path, run_timing: bool
+) -> None:
+    timing = ("--time-budget", "0.05") if run_timing else ("--no-timing",)
+    whole = harness("run", *SEED_SELECTION, *timing, "--out", str(tmp_path / "whole"))
+    assert whole.returncode == 0, whole.stderr
+
+    delay = random.Random().uniform(1.5, 6.0)
+    killed = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "run",
+            *SEED_SELECTION,
+            *timing,
+            "--out",
+            str(tmp_path / "killed"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    time.sleep(delay)
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait()
+    run_dir = only_run_dir(tmp_path / "killed")
+    before = len(storage.read_records(run_dir, problems=[]))
+
+    resumed = harness("run", "--resume", str(run_dir))
+    assert resumed.returncode == 0, f"killed after {delay:.1f} s: {resumed.stderr}"
+    expected = storage.read_records(only_run_dir(tmp_path / "whole"))
+    got = storage.read_records(run_dir)
+    assert figures(got) == figures(expected), f"killed after {delay:.1f} s ({before} records)"
+    if run_timing:
+        timed = {r.cell.id for r in expected if r.perf}
+        assert {r.cell.id for r in got if r.perf} == timed
+    env = storage.read_env(run_dir)
+    assert env["resumed"] and env["finished_at"]
+
+
+def test_resume_refuses_selection_flags_and_runs_without_a_plan(tmp_path: Path) -> None:
+    result = harness("run", "--resume", str(tmp_path), "--case", "sana-softmax-float")
+    assert (
+        result.returncode == 2 and "--resume finishes the run as it was started" in result.stderr
+    )
+    result = harness("run", "--resume", str(tmp_path))
+    assert result.returncode == 2 and "run-plan.json: missing" in result.stderr
+
+
+def test_a_half_written_last_line_is_cut_before_appending(tmp_path: Path) -> None:
+    cells = tmp_path / storage.CELLS_FILE
+    cells.write_text('{"a": 1}\n{"schema_version": 1, "ca')
+    assert storage.drop_partial_last_line(tmp_path) == '{"schema_version": 1, "ca'
+    assert cells.read_text() == '{"a": 1}\n'
+    assert storage.drop_partial_last_line(tmp_path) is None
+
+
+def test_records_are_whole_lines_under_parallel_appends(tmp_path: Path) -> None:
+    result = harness(
+        "run",
+        "--cases-dir",
+        str(TOY_CASES),
+        "--case",
+        "toy-mixed-matmul",
+        "--no-timing",
+        "-n",
+        "2",
+        "--out",
+        str(tmp_path),
+    )
+    assert result.returncode == 0, result.stderr
+    lines = (only_run_dir(tmp_path) / storage.CELLS_FILE).read_text().splitlines()
+    assert all(json.loads(line)["schema_version"] == 1 for line in lines)
