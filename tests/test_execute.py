@@ -71,3 +71,38 @@ def test_skipped_and_crashed_records_carry_their_reason() -> None:
     crashed = execute.crashed_record(cell, "x" * 10_000, "gw1")
     assert crashed.outcome is Outcome.CRASHED
     assert len(str(crashed.error_message)) == execute.MAX_MESSAGE
+
+
+@pytest.mark.parametrize(
+    "cell",
+    [
+        Cell("dia-sdpa-kv-cache", "norm-to-compute-dtype", "cpu", "float16", "half", "sdpa"),
+        Cell("sana-softmax-float", "sdpa", "cpu", "bfloat16", "half", "eager"),
+        Cell(
+            "var-normalize-promotion",
+            "cast-to-main-type",
+            "cpu",
+            "float16",
+            "autocast",
+            "flash-attn-contract",
+        ),
+        Cell("lightning-encoder-fastpath", "half-true", "cpu", "bfloat16", "autocast", "sdpa"),
+    ],
+    ids=lambda c: c.case,
+)
+def test_a_seed_cell_run_twice_gives_bit_identical_output(cell: Cell) -> None:
+    import torch
+
+    from harness import registry
+    from harness.axes import dtype_of
+    from harness.case import RunContext
+
+    registry.discover()
+    case = registry.get(cell.case)
+
+    def output() -> torch.Tensor:
+        ctx = RunContext(torch.device("cpu"), dtype_of(cell.dtype), cell.mode, cell.backend)
+        return execute.run_fix_once(case, cell.fix, ctx)
+
+    first, second = output(), output()
+    assert first.dtype == second.dtype and torch.equal(first, second)
