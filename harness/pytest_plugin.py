@@ -70,7 +70,8 @@ class PlanFile(pytest.File):
 
 def limits_for(cell: Cell, limits: Limits) -> Limits:
     """The run's limits, with the case's own time limit where it declares one."""
-    own = registry.get(cell.case).timeout_s
+    case = registry.find(cell.case)
+    own = case.timeout_s if case else None
     return replace(limits, timeout_s=own) if own else limits
 
 

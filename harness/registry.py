@@ -103,6 +103,11 @@ def get(name: str) -> Case:
     return copy.copy(_REGISTRY[name])
 
 
+def find(name: str) -> Case | None:
+    """A copy of the registered case ``name``, or None."""
+    return get(name) if name in _REGISTRY else None
+
+
 def names() -> list[str]:
     return sorted(_REGISTRY)
 
@@ -145,7 +150,10 @@ def _import_case_module(path: Path) -> tuple[str, ...]:
     before = set(_REGISTRY)
     module_name = _module_name_for(path)
     if module_name in sys.modules:
-        return tuple(n for n, c in _REGISTRY.items() if c.source_file == str(path))
+        registered = tuple(n for n, c in _REGISTRY.items() if c.source_file == str(path))
+        if registered:
+            return registered
+        del sys.modules[module_name]  # imported before the registry was cleared: run it again
     try:
         _load_module(module_name, path)
     except CaseContractError:

@@ -105,6 +105,8 @@ def test_a_crashing_cell_costs_only_itself(tmp_path: Path) -> None:
         crash_cases,
         "--case",
         "toy-abort",
+        "--fix",
+        "none,abort,abort-when-timed",
         "--out",
         str(tmp_path),
         "-n",
@@ -115,7 +117,8 @@ def test_a_crashing_cell_costs_only_itself(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     records = {r.cell.fix: r for r in storage.read_records(only_run_dir(tmp_path))}
     assert records["abort"].outcome is Outcome.CRASHED
-    assert records["abort"].error_type == "WorkerCrashed"
+    assert records["abort"].error_type == "ProcessDied"
+    assert "signal 6 (SIGABRT)" in str(records["abort"].error_message)
     assert records["none"].outcome is Outcome.PASSES
     # a crash while timing keeps what the correctness phase measured, with a note
     when_timed = records["abort-when-timed"]
