@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,24 @@ pytest_plugins = ["pytester"]
 FIXTURES = Path(__file__).parent / "fixtures"
 TOY_CASES = FIXTURES / "cases"
 BROKEN_CASES = FIXTURES / "broken_cases"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def harness(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``python -m harness ARGS`` from the project root, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def only_run_dir(root: Path) -> Path:
+    """The single run folder a test's ``--out`` received."""
+    (run_dir,) = root.iterdir()
+    return run_dir
 
 
 @pytest.fixture

@@ -3,32 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from harness import storage
 from harness.records import Outcome
-from tests.conftest import BROKEN_CASES, FIXTURES, TOY_CASES
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def harness(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "harness", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
-def only_run_dir(root: Path) -> Path:
-    (run_dir,) = root.iterdir()
-    return run_dir
+from tests.conftest import BROKEN_CASES, FIXTURES, TOY_CASES, harness, only_run_dir
 
 
 def test_run_toy_case_end_to_end(tmp_path: Path) -> None:

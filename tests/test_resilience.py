@@ -16,25 +16,9 @@ import pytest
 
 from harness import storage
 from harness.records import CellRecord, Outcome
-from tests.conftest import FIXTURES, TOY_CASES
+from tests.conftest import FIXTURES, ROOT, TOY_CASES, harness, only_run_dir
 
-ROOT = Path(__file__).resolve().parent.parent
 CRASH_CASES = FIXTURES / "crash_cases"
-
-
-def harness(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "harness", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def only_run_dir(root: Path) -> Path:
-    (run_dir,) = root.iterdir()
-    return run_dir
 
 
 def figures(records: list[CellRecord]) -> dict[str, tuple[object, ...]]:
