@@ -35,10 +35,6 @@ def cuda_devices() -> list[str]:
     return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
 
 
-def available_devices() -> list[str]:
-    return ["cpu", *cuda_devices()]
-
-
 @cache
 def module_available(name: str) -> bool:
     try:
