@@ -91,6 +91,14 @@ def test_faults_are_classified_and_cost_only_themselves(tmp_path: Path) -> None:
     assert figures(toy_faulty) == figures(storage.read_records(only_run_dir(tmp_path / "clean")))
 
 
+def wait_for_run_plan(root: Path, limit_s: float = 120) -> None:
+    """A run can be resumed once its plan is written: wait for that moment."""
+    deadline = time.monotonic() + limit_s
+    while not list(root.glob(f"*/{storage.RUN_PLAN_FILE}")):
+        assert time.monotonic() < deadline, "the run never wrote its plan"
+        time.sleep(0.05)
+
+
 SEED_SELECTION = (
     "--case",
     "sana-softmax-float,var-normalize-promotion,dia-sdpa-kv-cache",
@@ -109,7 +117,7 @@ def test_a_run_killed_at_a_random_moment_resumes_to_the_same_results(
     whole = harness("run", *SEED_SELECTION, *timing, "--out", str(tmp_path / "whole"))
     assert whole.returncode == 0, whole.stderr
 
-    delay = random.Random().uniform(1.5, 6.0)
+    delay = random.Random().uniform(0.0, 5.0)  # after the run's plan exists
     killed = subprocess.Popen(
         [
             sys.executable,
@@ -126,6 +134,7 @@ def test_a_run_killed_at_a_random_moment_resumes_to_the_same_results(
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+    wait_for_run_plan(tmp_path / "killed")
     time.sleep(delay)
     os.killpg(killed.pid, signal.SIGKILL)
     killed.wait()
