@@ -34,10 +34,11 @@ def column_key(record: CellRecord, show_device: bool) -> tuple[str, ...]:
 
 def column_order(key: tuple[str, ...]) -> tuple[object, ...]:
     *device, dtype, mode = key
-    return (*device, _rank(DTYPE_ORDER, dtype), _rank(MODE_ORDER, mode), key)
+    return (*device, rank(DTYPE_ORDER, dtype), rank(MODE_ORDER, mode), key)
 
 
-def _rank(order: tuple[str, ...], value: str) -> int:
+def rank(order: Sequence[str], value: str) -> int:
+    """Position of ``value`` in a preferred order; unknown values go last."""
     return order.index(value) if value in order else len(order)
 
 

@@ -16,7 +16,7 @@ import pandas as pd
 from harness import storage
 from harness.records import CellRecord, Outcome
 from harness.speed import SpeedRatios, record_key, speed_ratios
-from harness.summary import DTYPE_ORDER, MODE_ORDER, short_outcome
+from harness.summary import DTYPE_ORDER, MODE_ORDER, rank, short_outcome
 from harness.versions import version_key
 
 OUTCOME_ORDER = (
@@ -130,12 +130,8 @@ def column_order(frame: pd.DataFrame) -> list[tuple[str, str, str]]:
     envs = env_order(frame)
     return sorted(
         (tuple(k) for k in keys.itertuples(index=False)),
-        key=lambda k: (envs.index(k[0]), _rank(DTYPE_ORDER, k[1]), _rank(MODE_ORDER, k[2])),
+        key=lambda k: (envs.index(k[0]), rank(DTYPE_ORDER, k[1]), rank(MODE_ORDER, k[2])),
     )
-
-
-def _rank(order: Sequence[str], value: str) -> int:
-    return order.index(value) if value in order else len(order)
 
 
 def row_order(frame: pd.DataFrame) -> list[tuple[str, str]]:
@@ -178,7 +174,7 @@ def _reproduction_text(cells: pd.DataFrame) -> str:
         return "does not reproduce"
     where = sorted(
         {f"{r.dtype}/{r.mode}" for r in repro.itertuples()},
-        key=lambda k: (_rank(DTYPE_ORDER, k.split("/")[0]), k),
+        key=lambda k: (rank(DTYPE_ORDER, k.split("/")[0]), k),
     )
     return f"reproduces ({', '.join(where)}); {len(repro)} of {len(cells)} cells"
 
