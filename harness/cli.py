@@ -287,10 +287,15 @@ def command_report(args: argparse.Namespace) -> int:
     comparison = None
     if args.baseline:
         comparison = compare_runs(load_run(existing_run_dir(args.baseline)), runs[-1])
-    for problem in (p for loaded in runs for p in loaded.problems):
-        print(f"ampmatrix: warning: {problem}", file=sys.stderr)
+    warn([p for loaded in runs for p in loaded.problems])
     print(f"report: {write_report(render_report(runs, comparison), out)}")
     return 0
+
+
+def warn(problems: Sequence[str]) -> None:
+    """Reading problems (file and line) go to stderr; the command goes on with the rest."""
+    for problem in problems:
+        print(f"ampmatrix: warning: {problem}", file=sys.stderr)
 
 
 def command_compare(args: argparse.Namespace) -> int:
@@ -308,8 +313,7 @@ def command_compare(args: argparse.Namespace) -> int:
     regressions = 0
     for base_dir, head_dir in pairs:
         base, head = load_run(base_dir), load_run(head_dir)
-        for problem in base.problems + head.problems:
-            print(f"ampmatrix: warning: {problem}", file=sys.stderr)
+        warn(base.problems + head.problems)
         comparison = compare_runs(base, head, args.min_ratio, args.alpha)
         print(render_comparison(comparison))
         regressions += len(comparison.regressions)
@@ -322,8 +326,7 @@ def command_bisect(args: argparse.Namespace) -> int:
     for run_dir in args.run_dirs:
         problems: list[str] = []
         records += storage.read_records(existing_run_dir(run_dir), problems)
-        for problem in problems:
-            print(f"ampmatrix: warning: {problem}", file=sys.stderr)
+        warn(problems)
     chosen = [
         r
         for r in records
