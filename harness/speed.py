@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from harness.matrix import CONTROL_FIX, CONTROL_MODE
 from harness.records import Cell, CellRecord, Outcome
 from harness.timing import quartiles
 
-CONTROL_MODE = "fp32"
 #: Medians closer than this ratio are within run-to-run noise: a tie. On a shared 2-core VM
 #: identical work was measured up to ~6% apart between runs (``nox -s bench`` prints it).
 TIE_RATIO = 1.10
@@ -48,7 +48,7 @@ def controls(records: Iterable[CellRecord]) -> dict[tuple[str, str, str, str], f
     found = {}
     for r in records:
         median = median_of(r)
-        if r.cell.mode == CONTROL_MODE and r.cell.fix == "none" and median:
+        if r.cell.mode == CONTROL_MODE and r.cell.fix == CONTROL_FIX and median:
             found[(r.cell.case, *environment_key(r), r.cell.backend)] = median
     return found
 
