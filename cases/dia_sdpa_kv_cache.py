@@ -229,31 +229,23 @@ def self_attention_step(
     return attn.o_proj(out.transpose(1, 2).contiguous()).to(original_dtype)
 
 
-def run_decoder(
-    w: Workload, ctx: RunContext, variant: Variant, cache_dtype: torch.dtype
-) -> torch.Tensor:
-    """Prefill, then single-token decode steps; the sublayer outputs along the sequence."""
+def run_decoder(w: Workload, ctx: RunContext, variant: Variant) -> torch.Tensor:
+    """Prefill, then single-token decode steps; the sublayer outputs along the sequence.
+    The KV cache is in ``compute_dtype``, the dtype the decoder's input was given in."""
     model: DecoderSelfAttentionBlock = w.model
     x: torch.Tensor = w.inputs["x"]
-    cache = KVCache(x.shape[0], PREFILL + DECODE, cache_dtype, x.device)
+    cache = KVCache(x.shape[0], PREFILL + DECODE, x.dtype, x.device)
     positions = torch.arange(PREFILL + DECODE, device=x.device).unsqueeze(0).expand(x.shape[0], -1)
-    outputs = []
-    with torch.no_grad(), ctx.autocast():
-        steps = [slice(0, PREFILL)] + [slice(t, t + 1) for t in range(PREFILL, PREFILL + DECODE)]
-        for step in steps:
-            outputs.append(
-                self_attention_step(model, x[:, step], positions[:, step], cache, variant, ctx)
-            )
+    steps = [slice(0, PREFILL)] + [slice(t, t + 1) for t in range(PREFILL, PREFILL + DECODE)]
+    outputs = [
+        self_attention_step(model, x[:, step], positions[:, step], cache, variant, ctx)
+        for step in steps
+    ]
     return torch.cat(outputs, dim=1)
 
 
-def place_block(model: DecoderSelfAttentionBlock, ctx: RunContext) -> DecoderSelfAttentionBlock:
-    """Weights in the model dtype; the norm weight and RoPE timescale stay fp32 as upstream."""
-    ctx.place(model)
-    model.pre_sa_norm.to(dtype=ctx.upcast_dtype)
-    rope = model.self_attention.rotary_emb
-    rope.timescale = rope.timescale.to(ctx.upcast_dtype)
-    return model
+#: Upstream runs Dia in ``compute_dtype`` with no autocast; users also wrap it in autocast.
+HALF_MODES = ("half", "half-autocast")
 
 
 @register
@@ -278,54 +270,54 @@ class DiaSdpaKvCache(Case):
     reference_fix = "norm-to-compute-dtype"
     devices = ("cpu", "cuda")
     dtypes = ("float16", "bfloat16")
-    modes = ("half", "fp32")
+    modes = (*HALF_MODES, "fp32")
     backends = ("sdpa",)
+    #: Upstream builds the norm with ``dtype=torch.float32``; the RoPE timescale is fp32.
+    keep_fp32 = ("pre_sa_norm", "self_attention.rotary_emb")
 
     def build(self, ctx: RunContext) -> Workload:
-        model = place_block(DecoderSelfAttentionBlock().eval(), ctx)
         x = torch.randn(BATCH, PREFILL + DECODE, EMBED_DIM)
-        return Workload(model=model, inputs={"x": ctx.tensor(x)})
+        return Workload(model=DecoderSelfAttentionBlock().eval(), inputs={"x": x})
 
     @fix("none", rationale="upstream d4790dd: fp32 pre_sa_norm, KV cache in compute_dtype")
     def none(self, w: Workload, ctx: RunContext) -> torch.Tensor:
-        return run_decoder(w, ctx, Variant(), ctx.model_dtype)
+        return run_decoder(w, ctx, Variant())
 
     @fix(
         "cast-kv-to-q",
         rationale="cast the cached K/V to the query's dtype right before SDPA",
         upstream="nari-labs/dia PR #45 (9d0e434)",
-        modes=("half",),
+        modes=HALF_MODES,
     )
     def cast_kv_to_q(self, w: Workload, ctx: RunContext) -> torch.Tensor:
-        return run_decoder(w, ctx, Variant(align=cast_kv_to_q), ctx.model_dtype)
+        return run_decoder(w, ctx, Variant(align=cast_kv_to_q))
 
     @fix(
         "cast-qkv-to-cache",
         rationale="cast q, k and v to the KV cache's dtype before SDPA",
         upstream="nari-labs/dia#158",
-        modes=("half",),
+        modes=HALF_MODES,
     )
     def cast_qkv_to_cache(self, w: Workload, ctx: RunContext) -> torch.Tensor:
-        return run_decoder(w, ctx, Variant(align=cast_qkv_to_cache), ctx.model_dtype)
+        return run_decoder(w, ctx, Variant(align=cast_qkv_to_cache))
 
     @fix(
         "norm-to-compute-dtype",
         rationale="norm output cast to compute_dtype; RoPE rotates in fp32, returns compute_dtype",
         upstream="nari-labs/dia 4a9e29b (PR #127)",
-        modes=("half",),
+        modes=HALF_MODES,
     )
     def norm_to_compute_dtype(self, w: Workload, ctx: RunContext) -> torch.Tensor:
-        compute = ctx.model_dtype
+        compute = ctx.compute_dtype
         variant = Variant(norm_out=compute, rope=(ctx.upcast_dtype, compute))
-        return run_decoder(w, ctx, variant, compute)
+        return run_decoder(w, ctx, variant)
 
     @fix(
         "fp32",
         rationale="run the model, its inputs and the KV cache in float32; output stays float32",
-        modes=("half",),
+        modes=HALF_MODES,
     )
     def fp32(self, w: Workload, ctx: RunContext) -> torch.Tensor:
         up = ctx.upcast_dtype
         model: DecoderSelfAttentionBlock = w.model.to(dtype=up)
-        fp32_workload = Workload(model=model, inputs={"x": w.inputs["x"].to(up)})
-        return run_decoder(fp32_workload, ctx, Variant(), up)
+        return run_decoder(Workload(model=model, inputs={"x": w.inputs["x"].to(up)}), ctx, Variant())

@@ -10,8 +10,10 @@ takes the native fast path that torch 2.4.1 does not autocast correctly on the C
 into ``bf16-mixed`` by Lightning's accelerator connector.
 
 Lightning is imported lazily, so the module imports (and the harness skips the case) where it
-is not installed. The float64 reference is the ``half-true`` fix, which runs a real Trainer
-with ``precision="64-true"`` there.
+is not installed. The Trainer manages precision (``manages_precision``): the harness hands the
+fixes the float32 encoder (float64 for the reference) and applies neither cast nor autocast.
+The float64 reference is the ``half-true`` fix, which runs a real Trainer with
+``precision="64-true"`` there.
 """
 
 from __future__ import annotations
@@ -131,9 +133,11 @@ class LightningTrainerValidate(Case):
     modes = ("autocast", "fp32")
     backends = ("sdpa",)
     requires = ("lightning",)
+    #: The Trainer's ``precision=`` casts and enters autocast, as upstream.
+    manages_precision = True
 
     def build(self, ctx: RunContext) -> Workload:
-        return encoder_workload(ctx)
+        return encoder_workload()
 
     @fix(
         "none",

@@ -76,11 +76,10 @@ class SanaAttention(nn.Module):
 def run_attention(w: Workload, ctx: RunContext, core: AttentionCore) -> torch.Tensor:
     """The Sana attention forward with ``core`` (q, k, v -> (B, H, N, D)) in the middle."""
     model: SanaAttention = w.model
-    with torch.no_grad(), ctx.autocast():
-        q, k, v = model.split_heads(w.inputs["x"])
-        with ctx.attention_core():
-            out = core(q, k, v)
-        return model.merge_heads(out)
+    q, k, v = model.split_heads(w.inputs["x"])
+    with ctx.attention_core():
+        out = core(q, k, v)
+    return model.merge_heads(out)
 
 
 @register
@@ -106,13 +105,12 @@ class SanaSoftmaxFloat(Case):
     reference_fix = "fp32-then-cast"
     devices = ("cpu", "cuda")
     dtypes = ("float16", "bfloat16")
-    modes = ("half", "autocast", "fp32")
+    modes = ("half", "autocast", "half-autocast", "fp32")
     backends = ("eager",)
 
     def build(self, ctx: RunContext) -> Workload:
         model = SanaAttention(HIDDEN, HEADS).eval()
-        x = torch.randn(BATCH, TOKENS, HIDDEN)
-        return Workload(model=ctx.place(model), inputs={"x": ctx.tensor(x)})
+        return Workload(model=model, inputs={"x": torch.randn(BATCH, TOKENS, HIDDEN)})
 
     @fix("none", rationale="upstream: q, k upcast to fp32, softmax fp32, attn @ v with half v")
     def none(self, w: Workload, ctx: RunContext) -> torch.Tensor:

@@ -1,0 +1,35 @@
+"""ampmatrix: a test-and-benchmark matrix for mixed-precision dtype failures in PyTorch.
+
+The authoring API for cases is importable from here::
+
+    from harness import Case, FailureSignature, RunContext, Upstream, Workload, fix, register
+
+The names load on first use, so ``harness.report`` (which never imports torch) stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harness.case import Case, FailureSignature, RunContext, Upstream, Workload, fix
+    from harness.registry import register
+
+AUTHORING_API = {
+    "Case": "harness.case",
+    "FailureSignature": "harness.case",
+    "RunContext": "harness.case",
+    "Upstream": "harness.case",
+    "Workload": "harness.case",
+    "fix": "harness.case",
+    "register": "harness.registry",
+}
+
+__all__ = sorted(AUTHORING_API)
+
+
+def __getattr__(name: str) -> Any:
+    if name in AUTHORING_API:
+        return getattr(importlib.import_module(AUTHORING_API[name]), name)
+    raise AttributeError(f"module 'harness' has no attribute {name!r}")

@@ -1,21 +1,52 @@
-"""The axes of the matrix and the values each may take."""
+"""The axes of the matrix and the values each may take: names only, no torch.
+
+This module is the vocabulary shared by measuring and reporting (the report never imports
+torch); :mod:`harness.precision` turns these names into torch dtypes and applies the modes.
+"""
 
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
 
 #: Low-precision dtypes under test, and the fp32 control (used only by mode ``fp32``).
-DTYPES: dict[str, torch.dtype] = {
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-}
+DTYPES = ("float16", "bfloat16", "float32")
 LOW_PRECISION_DTYPES = ("float16", "bfloat16")
 
-#: ``autocast``: fp32 weights and inputs under torch.autocast(dtype).
-#: ``half``: weights and inputs cast to the dtype, no autocast.
-#: ``fp32``: the control, everything in float32 (dtype axis fixed to ``float32``).
-MODES = ("autocast", "half", "fp32")
+
+@dataclass(frozen=True)
+class Mode:
+    """How the harness puts a cell's precision on a case's float32 model and inputs."""
+
+    name: str
+    #: Model (weights, floating buffers) and floating inputs cast to the cell dtype.
+    casts_model: bool
+    #: The fix runs inside ``torch.autocast(device, dtype)``.
+    autocast: bool
+    meaning: str
+
+
+#: The precision modes, in the order reports show them. Each name says what it does:
+#: ``autocast`` keeps fp32 weights, ``half`` casts them, ``half-autocast`` does both.
+MODES: dict[str, Mode] = {
+    mode.name: mode
+    for mode in (
+        Mode("autocast", False, True, "fp32 weights and inputs, run under torch.autocast(dtype)"),
+        Mode("half", True, False, "weights and inputs cast to the dtype (model.half()), no autocast"),
+        Mode(
+            "half-autocast",
+            True,
+            True,
+            "weights and inputs cast to the dtype, and run under torch.autocast(dtype)",
+        ),
+        Mode("fp32", False, False, "the control: weights and inputs in float32, no autocast"),
+    )
+}
+MODE_NAMES = tuple(MODES)
+
+#: The control of every case: its upstream code path (``none``) in float32.
+CONTROL_MODE = "fp32"
+CONTROL_DTYPE = "float32"
+CONTROL_FIX = "none"
 
 #: Attention backends a case may declare. ``flash-attn-contract`` enforces flash-attn's
 #: documented input contract and computes with SDPA; it stands in where flash-attn is absent.
@@ -25,13 +56,6 @@ BACKENDS = ("sdpa", "eager", "flash-attn", "flash-attn-contract")
 DEVICE_KINDS = ("cpu", "cuda")
 
 
-def dtype_of(name: str) -> torch.dtype:
-    """The torch dtype for an axis value (``float64`` is accepted for references)."""
-    if name == "float64":
-        return torch.float64
-    return DTYPES[name]
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.float16`` -> ``float16``."""
-    return str(dtype).removeprefix("torch.")
+def rank(order: tuple[str, ...], value: str) -> int:
+    """Position of ``value`` in a preferred order; unknown values go last."""
+    return order.index(value) if value in order else len(order)

@@ -1,13 +1,15 @@
 """The contract every case follows: a Case with its fixes, and what a fix's code sees.
 
-A case module defines one subclass of :class:`Case`, decorated with
-:func:`harness.registry.register`, whose methods decorated with :func:`fix` are its fixes::
+A case module defines one subclass of :class:`Case`, decorated with :func:`register`, whose
+methods decorated with :func:`fix` are its fixes. ``build`` makes the model and inputs in
+float32 on the CPU; the harness, not the case, applies each cell's device and precision
+(see :mod:`harness.precision` and the guide, ``docs/writing-a-case.md``)::
 
     @register
     class MyCase(Case):
         name = "my-case"
         ...
-        def build(self, ctx): return Workload(model=..., inputs={...})
+        def build(self, ctx): return Workload(model=MyBlock(), inputs={"x": torch.randn(2, 8)})
 
         @fix("none", rationale="the upstream code path")
         def none(self, w, ctx): return w.model(**w.inputs)
@@ -15,10 +17,11 @@ A case module defines one subclass of :class:`Case`, decorated with
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -26,6 +29,7 @@ import torch
 
 from harness.axes import LOW_PRECISION_DTYPES
 from harness.observe import CoreObservation, record_core_dtypes
+from harness.precision import Precision
 from harness.records import Cell
 
 
@@ -53,15 +57,25 @@ class FailureSignature:
 
 @dataclass
 class Workload:
-    """What one cell runs: a model (any object) and its inputs, already placed."""
+    """What one cell runs: a model (a module, a tensor, or any object) and its inputs.
+
+    ``build`` returns them in float32 on the CPU; the fix receives them with the cell's
+    device and precision applied. In the timing phase one workload serves many calls of the
+    fix: a fix that changes state (an optimizer step) takes a :meth:`fresh_model` per call.
+    """
 
     model: Any
     inputs: dict[str, Any] = field(default_factory=dict)
 
+    def fresh_model(self) -> Any:
+        """A deep copy of the prepared model (same device and dtypes): state changed on it
+        does not leak into the next call."""
+        return copy.deepcopy(self.model)
+
 
 @dataclass
 class RunContext:
-    """What a fix's code sees about the cell it runs in.
+    """What a fix's code sees about the cell it runs in (read-only facts, no plumbing).
 
     ``dtype`` is the cell's dtype; it is ``float64`` when the harness computes the reference.
     """
@@ -73,36 +87,26 @@ class RunContext:
     #: Record the attention core's dtypes; off while timing, so nothing sits in the timed path.
     observe: bool = True
     observation: CoreObservation = field(default_factory=CoreObservation)
+    managed_by_case: bool = False
+
+    @property
+    def precision(self) -> Precision:
+        return Precision(self.device, self.dtype, self.mode, self.managed_by_case)
 
     @property
     def is_reference(self) -> bool:
         return self.dtype == torch.float64
 
     @property
-    def model_dtype(self) -> torch.dtype:
-        """Dtype of weights and inputs: the cell dtype in ``half`` mode, else float32."""
-        if self.mode == "half" or self.is_reference:
-            return self.dtype
-        return torch.float32
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the harness gave the model and inputs: the cell dtype in the casting
+        modes (``half``, ``half-autocast``), float32 otherwise, float64 in the reference."""
+        return self.precision.compute_dtype
 
     @property
     def upcast_dtype(self) -> torch.dtype:
         """What upstream code means by ``.float()``: float32, or float64 in the reference."""
-        return torch.float64 if self.is_reference else torch.float32
-
-    def autocast(self) -> AbstractContextManager[Any]:
-        """torch.autocast for the cell's dtype in ``autocast`` mode; a no-op otherwise."""
-        if self.mode != "autocast":
-            return nullcontext()
-        return torch.autocast(self.device.type, dtype=self.dtype)
-
-    def place(self, module: torch.nn.Module) -> torch.nn.Module:
-        """Move a module to the cell's device and model dtype."""
-        return module.to(device=self.device, dtype=self.model_dtype)
-
-    def tensor(self, t: torch.Tensor) -> torch.Tensor:
-        """Move an input tensor to the cell's device and model dtype."""
-        return t.to(device=self.device, dtype=self.model_dtype)
+        return self.precision.upcast_dtype
 
     @contextmanager
     def attention_core(self) -> Iterator[None]:
@@ -166,10 +170,21 @@ class Case:
     requires: ClassVar[tuple[str, ...]] = ()
     #: The case's own time limit per cell in seconds (instead of the run's ``--timeout``).
     timeout_s: ClassVar[float | None] = None
+    #: Modules, parameters or buffers of the model (dotted names) that upstream keeps in
+    #: float32 when the rest is cast to half (transformers' ``_keep_in_fp32_modules``).
+    keep_fp32: ClassVar[tuple[str, ...]] = ()
+    #: Fixes run with gradients enabled (a training step); otherwise under ``no_grad``.
+    needs_grad: ClassVar[bool] = False
+    #: Upstream code manages precision itself (a Lightning Trainer's ``precision=``): the
+    #: harness then only moves the float32 workload to the device (float64 for the
+    #: reference) and neither casts nor enters autocast; the fixes read ``ctx.dtype`` and
+    #: ``ctx.mode`` and apply them the upstream way.
+    manages_precision: ClassVar[bool] = False
     source_file: str = ""
 
     def build(self, ctx: RunContext) -> Workload:
-        """Build the model and inputs for a cell. The harness seeds the RNG first."""
+        """The model and inputs in float32 on the CPU. The harness seeds the RNG first, then
+        applies the cell's device and precision. ``ctx`` tells the backend and the cell."""
         raise NotImplementedError
 
     def skip_reason(self, cell: Cell) -> str | None:
@@ -187,9 +202,6 @@ class Case:
                     found[marked.name] = marked
         return found
 
-    def run_fix(self, fix_name: str, workload: Workload, ctx: RunContext) -> Any:
-        return self.fixes[fix_name].func(self, workload, ctx)
-
     def metadata(self) -> dict[str, Any]:
         """What a report shows about the case, stored with each run (``cases.json``)."""
         return {
@@ -198,6 +210,8 @@ class Case:
             "upstream": dataclasses.asdict(self.upstream) if self.upstream else None,
             "failure": dataclasses.asdict(self.failure) if self.failure else None,
             "source_file": self.source_file,
+            "keep_fp32": list(self.keep_fp32),
+            "manages_precision": self.manages_precision,
             "fixes": [
                 {"name": f.name, "rationale": f.rationale, "upstream": f.upstream}
                 for f in self.fixes.values()

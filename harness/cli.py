@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from harness import storage
+from harness.axes import MODES
 from harness.case import Case
 from harness.isolation import DEFAULT_TIMEOUT_S, Limits
 from harness.matrix import Selection, SelectionError
 from harness.registry import CaseContractError
-from harness.run import RunOptions, discover_cases, resume, run
+from harness.config import RunConfig
+from harness.run import discover_cases, resume, run
 from harness.speed import ALPHA, MIN_RATIO
 from harness.summary import render_summary
 from harness.timing import TimingConfig
@@ -191,6 +193,10 @@ def describe_case(case: Case) -> list[str]:
         f"  devices:  {', '.join(case.devices)}   dtypes: {', '.join(case.dtypes)}",
         f"  modes:    {', '.join(case.modes)}   backends: {', '.join(case.backends)}",
     ]
+    if case.keep_fp32:
+        lines.append(f"  keeps fp32: {', '.join(case.keep_fp32)}")
+    if case.manages_precision:
+        lines.append("  precision: managed by the case's upstream code (the harness only places)")
     if case.requires:
         lines.append(f"  requires: {', '.join(case.requires)}")
     lines.append("  fixes:")
@@ -203,6 +209,9 @@ def describe_case(case: Case) -> list[str]:
 def command_list(args: argparse.Namespace) -> int:
     for case in discover_cases(args.cases_dir):
         print("\n".join(describe_case(case)), end="\n\n")
+    print("modes:")
+    for mode in MODES.values():
+        print(f"  {mode.name:<14} {mode.meaning}")
     return 0
 
 
@@ -215,20 +224,24 @@ def selection_from(args: argparse.Namespace) -> Selection:
 def command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.resume:
         return command_resume(args)
-    options = RunOptions(
+    return show_run(run(config_from(args, argv)), args.report_dir)
+
+
+def config_from(args: argparse.Namespace, argv: Sequence[str]) -> RunConfig:
+    """The run's one configuration, built once from the command line."""
+    timing = TimingConfig(budget_s=args.time_budget, flush_l2=args.flush_l2)
+    return RunConfig(
         selection=selection_from(args),
         cases_dirs=tuple(args.cases_dir),
         results_root=args.out,
         workers=args.workers,
         command=("python -m harness", *argv),
-        timing=not args.no_timing,
-        timing_config=TimingConfig(budget_s=args.time_budget, flush_l2=args.flush_l2),
+        timing=None if args.no_timing else timing,
         limits=Limits(
             timeout_s=args.timeout,
             memory_bytes=int(args.memory_limit * 2**30) if args.memory_limit else None,
         ),
     )
-    return show_run(run(options), args.report_dir)
 
 
 def command_resume(args: argparse.Namespace) -> int:

@@ -1,33 +1,59 @@
-"""Running one cell: build, run the fix, classify the outcome against the reference."""
+"""Running one cell: build, apply the precision, run the fix, judge it against the reference.
+
+What the harness guarantees a fix (the contract in ``docs/writing-a-case.md``): the RNG is
+seeded before ``build``; the workload arrives with the cell's device and precision; the
+fix runs under ``torch.no_grad()`` unless the case ``needs_grad``, and inside
+``torch.autocast`` in the autocast modes. The correctness phase calls a fix once on a fresh
+workload; the timing phase calls it many times on one workload.
+"""
 
 from __future__ import annotations
 
 import random
 import time
+import traceback
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from harness import registry
-from harness.axes import dtype_name, dtype_of
-from harness.case import Case, RunContext
-from harness.numerics import judge, relative_error, within_tolerance
+from harness.case import Case, RunContext, Workload
+from harness.numerics import judge_leaves, within_tolerance
 from harness.perf import perf_figures
-from harness.records import Cell, CellRecord, Numerics, Outcome
+from harness.precision import (
+    AutocastWitness,
+    autocast_region,
+    cast_tensors,
+    dtype_name,
+    dtype_of,
+    keep_in_fp32,
+    no_autocast_flag,
+    not_half_flag,
+    output_leaves,
+    witness_autocast,
+)
+from harness.records import Cell, CellRecord, CrashKind, Flag, Numerics, Outcome
 from harness.timing import TimingConfig, measure_interleaved, stopwatch_for
 
 #: Every cell of a case builds from the same seed, so all fixes and the reference see the
 #: same weights and inputs.
 SEED = 0
 MAX_MESSAGE = 4000
+#: How many of the case's own frames a failure keeps (the innermost ones).
+MAX_FRAMES = 3
 CONTRACT_NOTE = (
     "flash-attn-contract: flash-attn's input contract enforced, computed with SDPA; "
     "not the real flash-attn kernel"
 )
 REFERENCE_BACKENDS = ("sdpa", "eager")
+HARNESS_DIR = Path(__file__).resolve().parent
+
+Leaves = dict[str, torch.Tensor]
 
 
 def seed_everything(seed: int = SEED) -> None:
@@ -40,106 +66,235 @@ def reference_backend(case: Case) -> str:
     return next((b for b in REFERENCE_BACKENDS if b in case.backends), case.backends[0])
 
 
-def run_fix_once(case: Case, fix: str, ctx: RunContext) -> torch.Tensor:
-    seed_everything()
-    workload = case.build(ctx)
-    output = case.run_fix(fix, workload, ctx)
-    if not isinstance(output, torch.Tensor):
-        raise TypeError(f"fix {fix!r} returned {type(output).__name__}, expected a Tensor")
-    return output
-
-
-@lru_cache(maxsize=32)
-def reference_output(case_name: str) -> torch.Tensor:
-    """The case's reference fix in float64 on the CPU."""
-    case = registry.get(case_name)
-    ctx = RunContext(torch.device("cpu"), torch.float64, "half", reference_backend(case))
-    with torch.no_grad():
-        return run_fix_once(case, case.reference_fix, ctx).to(torch.float64)
-
-
-@lru_cache(maxsize=32)
-def baseline_rel_err(case_name: str, dtype: str) -> float | None:
-    """Error of a plain low-precision computation (reference fix, mode half, CPU)."""
-    case = registry.get(case_name)
-    ctx = RunContext(torch.device("cpu"), dtype_of(dtype), "half", reference_backend(case))
-    try:
-        with torch.no_grad():
-            output = run_fix_once(case, case.reference_fix, ctx)
-    except Exception:
-        return None
-    return relative_error(output, reference_output(case_name))[1]
-
-
-@dataclass(frozen=True)
-class FixResult:
-    output: torch.Tensor | None
-    error: BaseException | None
-    attn_dtype: str | None
-
-
-def run_fix_in_cell(case: Case, cell: Cell) -> FixResult:
-    ctx = RunContext(torch.device(cell.device), dtype_of(cell.dtype), cell.mode, cell.backend)
-    try:
-        output = run_fix_once(case, cell.fix, ctx)
-    except Exception as error:  # every failure of the code under test is a result
-        return FixResult(None, error, ctx.observation.summary())
-    return FixResult(output, None, ctx.observation.summary())
-
-
-def classify(case: Case, cell: Cell, result: FixResult, record: CellRecord) -> CellRecord:
-    """Fill in the outcome and its evidence: the error, or the figures against the reference."""
-    if result.error is not None:
-        return raised(case, result.error, record)
-    assert result.output is not None
-    numerics, problem = compare_with_reference(case, cell, result.output)
-    passed = problem is None and numerics is not None and within_tolerance(numerics)
-    return replace(
-        record,
-        outcome=Outcome.PASSES if passed else Outcome.INACCURATE,
-        out_dtype=dtype_name(result.output.dtype),
-        numerics=numerics,
-        error_message=problem,
+def context_for(
+    case: Case, device: str, dtype: str, mode: str, backend: str, observe: bool = True
+) -> RunContext:
+    return RunContext(
+        torch.device(device),
+        dtype_of(dtype),
+        mode,
+        backend,
+        observe=observe,
+        managed_by_case=case.manages_precision,
     )
 
 
+def apply_precision(workload: Workload, case: Case, ctx: RunContext) -> Workload:
+    """The cell's device and precision put on a float32 workload (see harness.precision)."""
+    precision = ctx.precision
+    model = cast_tensors(workload.model, precision.device, precision.compute_dtype)
+    if precision.casts_model and not precision.managed_by_case:
+        keep_in_fp32(model, case.keep_fp32, precision.upcast_dtype)
+    inputs = cast_tensors(workload.inputs, precision.device, precision.compute_dtype)
+    return Workload(model=model, inputs=inputs)
+
+
+def prepared_workload(case: Case, ctx: RunContext) -> Workload:
+    seed_everything()
+    return apply_precision(case.build(ctx), case, ctx)
+
+
+def call_fix(case: Case, fix: str, workload: Workload, ctx: RunContext) -> Any:
+    """One call of a fix, with the gradient mode and autocast the cell asks for."""
+    grad = torch.enable_grad() if case.needs_grad else torch.no_grad()
+    with grad, autocast_region(ctx.precision):
+        return case.fixes[fix].func(case, workload, ctx)
+
+
+@dataclass(frozen=True)
+class FixRun:
+    """A fix's checked run: its output (or error) and what the mode promised but missed."""
+
+    output: Any = None
+    error: BaseException | None = None
+    flags: tuple[Flag, ...] = ()
+
+
+def run_fix_checked(case: Case, fix: str, ctx: RunContext) -> FixRun:
+    """Build, apply the precision, call the fix once; then check the precision took."""
+    workload = prepared_workload(case, ctx)
+    witness = AutocastWitness(ctx.device.type)
+    watching = witness_autocast(witness) if ctx.precision.uses_autocast else nullcontext()
+    output, error = None, None
+    try:
+        with watching:
+            output = call_fix(case, fix, workload, ctx)
+    except Exception as raised:  # every failure of the code under test is a result
+        error = raised
+    found = (
+        no_autocast_flag(witness, ctx.precision),
+        not_half_flag(workload.model, ctx.precision, case.keep_fp32),
+    )
+    return FixRun(output, error, tuple(f for f in found if f))
+
+
+class ReferenceFailed(Exception):
+    """The case's reference fix failed in float64: no cell of the case can be judged."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.error = error
+
+
+def float64_leaves(output: Any) -> Leaves:
+    return {
+        name: t.detach().to(device="cpu", dtype=torch.float64)
+        for name, t in output_leaves(output).items()
+    }
+
+
+@lru_cache(maxsize=32)
+def reference_leaves(case_name: str) -> Leaves:
+    """The case's reference fix in float64 on the CPU, as named float64 leaves."""
+    case = registry.get(case_name)
+    ctx = context_for(case, "cpu", "float64", "half", reference_backend(case))
+    run = run_fix_checked(case, case.reference_fix, ctx)
+    if run.error is not None:
+        raise ReferenceFailed(run.error)
+    return float64_leaves(run.output)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The plain low-precision run's error per leaf, or why it could not run."""
+
+    rel_errs: dict[str, float]
+    error: str | None = None
+
+
+@lru_cache(maxsize=32)
+def baseline(case_name: str, dtype: str) -> Baseline:
+    """Error of a plain low-precision computation (reference fix, mode half, CPU)."""
+    case = registry.get(case_name)
+    ctx = context_for(case, "cpu", dtype, "half", reference_backend(case))
+    run = run_fix_checked(case, case.reference_fix, ctx)
+    if run.error is not None:
+        return Baseline({}, f"{type(run.error).__name__}: {run.error}"[:MAX_MESSAGE])
+    reference = reference_leaves(case_name)
+    numerics = judge_leaves(output_leaves(run.output), reference, dtype_of(dtype), {})
+    return Baseline({leaf: n.rel_err for leaf, n in numerics.items()})
+
+
+def classify(case: Case, cell: Cell, run: FixRun, record: CellRecord) -> CellRecord:
+    """Fill in the outcome and its evidence: the error, or the figures against the reference."""
+    record = replace(record, flags=run.flags)
+    if run.error is not None:
+        return raised(case, run.error, record)
+    try:
+        leaves = output_leaves(run.output)
+    except TypeError as error:
+        return crashed(record, CrashKind.CONTRACT, error, case)
+    return judged(case, cell, leaves, record)
+
+
+def judged(case: Case, cell: Cell, leaves: Leaves, record: CellRecord) -> CellRecord:
+    reference = reference_leaves(case.name)
+    out_dtype = "+".join(dict.fromkeys(dtype_name(t.dtype) for t in leaves.values()))
+    problem = structure_problem(leaves, reference)
+    if problem:
+        return replace(
+            record, outcome=Outcome.INACCURATE, out_dtype=out_dtype, error_message=problem
+        )
+    base = baseline(case.name, cell.dtype)
+    per_leaf = judge_leaves(leaves, reference, dtype_of(cell.dtype), base.rel_errs)
+    worst = worst_leaf(per_leaf)
+    passed = all(within_tolerance(n) for n in per_leaf.values())
+    return replace(
+        record,
+        outcome=Outcome.PASSES if passed else Outcome.INACCURATE,
+        out_dtype=out_dtype,
+        numerics=worst if len(per_leaf) > 1 else replace(worst, leaf=None),
+        baseline_error=base.error,
+    )
+
+
+def worst_leaf(per_leaf: dict[str, Numerics]) -> Numerics:
+    """The leaf furthest from passing: non-finite first, then by error over tolerance."""
+    return max(per_leaf.values(), key=lambda n: (not n.finite, n.rel_err / n.tolerance))
+
+
+def structure_problem(leaves: Leaves, reference: Leaves) -> str | None:
+    """Why an output cannot be compared with the reference leaf by leaf, or None."""
+    if leaves.keys() != reference.keys():
+        return f"output leaves {sorted(leaves)} != reference leaves {sorted(reference)}"
+    for name, t in leaves.items():
+        if t.shape != reference[name].shape:
+            return (
+                f"output {name} has shape {tuple(t.shape)}, the reference "
+                f"{tuple(reference[name].shape)}"
+            )
+    return None
+
+
+def own_frames(error: BaseException, root: Path) -> tuple[str, ...]:
+    """The innermost frames of the traceback in files under ``root``, as ``file:line in f``."""
+    frames = [
+        frame
+        for frame in traceback.extract_tb(error.__traceback__)
+        if Path(frame.filename).resolve().is_relative_to(root)
+    ]
+    return tuple(
+        f"{shown_path(Path(frame.filename))}:{frame.lineno} in {frame.name}"
+        for frame in frames[-MAX_FRAMES:]
+    )
+
+
+def shown_path(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def case_root(case: Case) -> Path:
+    return Path(case.source_file).resolve().parent
+
+
+def error_fields(error: BaseException, root: Path) -> dict[str, Any]:
+    return {
+        "error_type": type(error).__name__,
+        "error_message": str(error)[:MAX_MESSAGE],
+        "error_frames": own_frames(error, root),
+    }
+
+
 def raised(case: Case, error: BaseException, record: CellRecord) -> CellRecord:
-    error_type = type(error).__name__
-    message = str(error)[:MAX_MESSAGE]
+    fields = error_fields(error, case_root(case))
     assert case.failure is not None
     return replace(
         record,
         outcome=Outcome.RAISES,
-        reproduces=case.failure.matches(error_type, message),
-        error_type=error_type,
-        error_message=message,
+        reproduces=case.failure.matches(fields["error_type"], fields["error_message"]),
+        **fields,
     )
 
 
-def compare_with_reference(
-    case: Case, cell: Cell, output: torch.Tensor
-) -> tuple[Numerics | None, str | None]:
-    reference = reference_output(case.name)
-    if output.shape != reference.shape:
-        return None, f"output shape {tuple(output.shape)} != reference {tuple(reference.shape)}"
-    baseline = baseline_rel_err(case.name, cell.dtype)
-    return judge(output, reference, dtype_of(cell.dtype), baseline), None
+def crashed(record: CellRecord, kind: CrashKind, error: BaseException, case: Case) -> CellRecord:
+    root = HARNESS_DIR if kind is CrashKind.HARNESS else case_root(case)
+    return replace(record, outcome=Outcome.CRASHED, crash_kind=kind, **error_fields(error, root))
 
 
 def run_cell(cell: Cell, worker: str | None = None) -> CellRecord:
-    """Run one cell and return its record. Exceptions of the code under test are outcomes."""
+    """Run one cell and return its record. Exceptions of the code under test are outcomes;
+    a failing reference or harness makes the cell ``crashed`` with the real error."""
     case = registry.get(cell.case)
     started = time.perf_counter()
-    result = run_fix_in_cell(case, cell)
     record = CellRecord(
         cell=cell,
         torch_version=torch.__version__,
         outcome=Outcome.CRASHED,  # replaced by classify()
-        attn_dtype=result.attn_dtype,
         note=CONTRACT_NOTE if cell.backend == "flash-attn-contract" else None,
         worker=worker,
     )
-    record = classify(case, cell, result, record)
+    ctx = context_for(case, cell.device, cell.dtype, cell.mode, cell.backend)
+    try:
+        run = run_fix_checked(case, cell.fix, ctx)
+        record = replace(record, attn_dtype=ctx.observation.summary())
+        record = classify(case, cell, run, record)
+    except ReferenceFailed as failure:
+        record = crashed(record, CrashKind.REFERENCE_FAILED, failure.error, case)
+    except Exception as error:  # the harness itself failed on this cell
+        record = crashed(record, CrashKind.HARNESS, error, case)
     return replace(record, duration_s=round(time.perf_counter() - started, 6))
 
 
@@ -149,15 +304,13 @@ def skipped_record(cell: Cell, reason: str) -> CellRecord:
     )
 
 
-def crashed_record(cell: Cell, message: str, worker: str | None = None) -> CellRecord:
-    """A cell whose worker process died, or on which the harness itself failed."""
-    worker_died = "crashed while running" in message
-    error_type = "WorkerCrashed" if worker_died else "HarnessError"
-    return limit_record(cell, Outcome.CRASHED, error_type, message, worker)
-
-
 def limit_record(
-    cell: Cell, outcome: Outcome, error_type: str, message: str, worker: str | None
+    cell: Cell,
+    outcome: Outcome,
+    error_type: str,
+    message: str,
+    worker: str | None,
+    crash_kind: CrashKind | None = None,
 ) -> CellRecord:
     """A cell that produced no record of its own: it crashed or ran out of time."""
     return CellRecord(
@@ -166,7 +319,16 @@ def limit_record(
         outcome=outcome,
         error_type=error_type,
         error_message=message[:MAX_MESSAGE],
+        crash_kind=crash_kind,
         worker=worker,
+    )
+
+
+def harness_failure(cell: Cell, error: BaseException, worker: str | None) -> CellRecord:
+    """The record of a cell on which the harness itself failed, with the real error."""
+    return replace(
+        limit_record(cell, Outcome.CRASHED, "", "", worker, CrashKind.HARNESS),
+        **error_fields(error, HARNESS_DIR),
     )
 
 
@@ -174,15 +336,22 @@ TIMED_OUTCOMES = (Outcome.PASSES, Outcome.INACCURATE)
 
 
 def prepare_call(cell: Cell) -> tuple[Callable[[], Any], torch.device]:
-    """The cell's fix as a zero-argument call on a workload built once (seeded as always)."""
+    """The cell's fix as a zero-argument call on a workload prepared once (seeded as always),
+    with the same precision, gradient mode and autocast as its correctness run."""
     case = registry.get(cell.case)
     device = torch.device(cell.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    ctx = RunContext(device, dtype_of(cell.dtype), cell.mode, cell.backend, observe=False)
-    seed_everything()
-    workload = case.build(ctx)
-    return (lambda: case.run_fix(cell.fix, workload, ctx)), device
+    ctx = context_for(case, cell.device, cell.dtype, cell.mode, cell.backend, observe=False)
+    workload = prepared_workload(case, ctx)
+    return (lambda: call_fix(case, cell.fix, workload, ctx)), device
+
+
+def same_output(first: Any, second: Any) -> bool:
+    a, b = output_leaves(first), output_leaves(second)
+    return a.keys() == b.keys() and all(
+        torch.allclose(a[k], b[k], rtol=0, atol=0, equal_nan=True) for k in a
+    )
 
 
 NOT_RERUNNABLE = "output changed between repeated calls: the timed work is not the checked work"
@@ -200,10 +369,9 @@ def checked_call(record: CellRecord) -> TimedCall | CellRecord:
     try:
         call, device = prepare_call(record.cell)
         first, second = call(), call()
+        same = same_output(first, second)
     except Exception as error:
-        note = f"timing failed: {type(error).__name__}: {error}"[:MAX_MESSAGE]
-        return replace(record, note=join_notes(record.note, note))
-    same = torch.allclose(first, second, rtol=0, atol=0, equal_nan=True)
+        return replace(record, timing_error=f"{type(error).__name__}: {error}"[:MAX_MESSAGE])
     return TimedCall(
         replace(record, note=join_notes(record.note, None if same else NOT_RERUNNABLE)),
         call,

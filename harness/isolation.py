@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection
 import torch
 
 from harness import execute
-from harness.records import Cell, CellRecord, Outcome
+from harness.records import Cell, CellRecord, CrashKind, Outcome
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -39,8 +39,11 @@ def warm_parent(cell: Cell) -> None:
     """Compute (and cache) what every cell of this case and dtype shares, single-threaded,
     before forking: children inherit it instead of each recomputing it."""
     torch.set_num_threads(1)
-    execute.reference_output(cell.case)
-    execute.baseline_rel_err(cell.case, cell.dtype)
+    try:
+        execute.reference_leaves(cell.case)
+        execute.baseline(cell.case, cell.dtype)
+    except Exception:  # noqa: S110 - the cell's own process meets it again and records it
+        pass
 
 
 def _child(
@@ -89,7 +92,9 @@ def run_cell_isolated(cell: Cell, worker: str, limits: Limits, threads: int) -> 
             return execute.limit_record(cell, Outcome.TIMEOUT, "Timeout", message, worker)
         child.join()
         message = describe_exit(child.exitcode)
-        return execute.limit_record(cell, Outcome.CRASHED, "ProcessDied", message, worker)
+        return execute.limit_record(
+            cell, Outcome.CRASHED, "ProcessDied", message, worker, CrashKind.PROCESS_DIED
+        )
     finally:
         receive.close()
         if child.is_alive():

@@ -11,13 +11,10 @@ import difflib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from harness.axes import CONTROL_DTYPE, CONTROL_FIX, CONTROL_MODE
 from harness.case import Case
 from harness.environment import cuda_devices, environment_skip_reason
 from harness.records import Cell
-
-CONTROL_MODE = "fp32"
-CONTROL_DTYPE = "float32"
-CONTROL_FIX = "none"
 
 
 class SelectionError(ValueError):

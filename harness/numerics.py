@@ -11,12 +11,18 @@ The rule, written down once (every record carries the numbers it used):
   times the error of a low-precision reference against a float64 "golden" result.
 * A cell **passes** when its output is finite, has the reference's shape and
   ``rel_err <= tolerance``; otherwise it is **inaccurate**.
+* An output of several tensors (a tuple, dict or dataclass; a loss and its gradients) is
+  judged leaf by leaf, each against its own reference and baseline; the cell passes when
+  every leaf does, and its record shows the leaf furthest from passing.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
+from harness.precision import dtype_name
 from harness.records import Numerics
 
 FUDGE = 3.0
@@ -60,10 +66,23 @@ def judge(
         rel_err=rel,
         baseline_rel_err=baseline_rel_err,
         tolerance=tolerance_for(dtype, baseline_rel_err),
-        tolerance_rule=RULE.format(fudge=FUDGE, dtype=str(dtype).removeprefix("torch.")),
+        tolerance_rule=RULE.format(fudge=FUDGE, dtype=dtype_name(dtype)),
         finite=finite,
     )
 
 
 def within_tolerance(numerics: Numerics) -> bool:
     return numerics.finite and numerics.rel_err <= numerics.tolerance
+
+
+def judge_leaves(
+    leaves: dict[str, torch.Tensor],
+    reference: dict[str, torch.Tensor],
+    dtype: torch.dtype,
+    baseline_rel_errs: dict[str, float],
+) -> dict[str, Numerics]:
+    """:func:`judge` for each named leaf (same names and shapes as the reference)."""
+    return {
+        name: replace(judge(t, reference[name], dtype, baseline_rel_errs.get(name)), leaf=name)
+        for name, t in leaves.items()
+    }

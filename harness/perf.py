@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from harness.axes import dtype_of
+from harness.precision import dtype_of
 from harness.records import Perf
 from harness.timing import Timing, TimingConfig, measure, stopwatch_for
 

@@ -20,8 +20,10 @@ import pytest
 import torch
 
 from harness import execute, registry, storage
+from harness.config import RunConfig
 from harness.isolation import Limits, run_cell_isolated
-from harness.records import Cell, CellRecord, Outcome
+from harness.records import Cell, CellRecord, CrashKind, Outcome, outcome_label
+from harness.summary import failure_line
 from harness.timing import TimingConfig
 
 OUTCOME_KEY = "ampmatrix_outcome"
@@ -47,9 +49,10 @@ def pytest_configure(config: pytest.Config) -> None:
 class PlanFile(pytest.File):
     def collect(self) -> Iterator[pytest.Item]:
         plan = load_plan(self.path)
-        registry.discover(Path(d) for d in plan["cases_dirs"])
         run_dir = Path(plan["run_dir"])
-        limits = Limits(**plan.get("limits", {}))
+        config = RunConfig.from_dict(storage.read_run_plan(run_dir)["config"])
+        registry.discover(config.cases_dirs)
+        limits = config.limits
         for data in plan["cells"]:
             cell = Cell.from_dict(data)
             cell_item = CellItem.from_parent(
@@ -58,11 +61,11 @@ class PlanFile(pytest.File):
             if cell.device.startswith("cuda"):  # one worker owns each GPU
                 cell_item.add_marker(pytest.mark.xdist_group(cell.device))
             yield cell_item
-        config = TimingConfig(**plan.get("timing", {}))
+        timing = config.timing or TimingConfig()
         for name, column in plan.get("columns", {}).items():
             records = [CellRecord.from_dict(data) for data in column]
             item = TimingItem.from_parent(
-                self, name=name, records=records, run_dir=run_dir, timing=config
+                self, name=name, records=records, run_dir=run_dir, timing=timing
             )
             item.add_marker(pytest.mark.xdist_group(records[0].cell.device))
             yield item
@@ -86,9 +89,13 @@ class CellItem(pytest.Item):
 
     def runtest(self) -> None:
         threads = int(os.environ.get("AMPMATRIX_THREADS", "1"))
-        record = run_cell_isolated(self.cell, worker_id(self.config), self.limits, threads)
+        worker = worker_id(self.config)
+        try:
+            record = run_cell_isolated(self.cell, worker, self.limits, threads)
+        except Exception as error:  # the harness failed around the cell: record why
+            record = execute.harness_failure(self.cell, error, worker)
         storage.append_record(self.run_dir, record)
-        self.user_properties.append((OUTCOME_KEY, outcome_label(record)))
+        self.user_properties.append((OUTCOME_KEY, progress_label(record)))
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, None, self.cell.id
@@ -107,7 +114,11 @@ class TimingItem(pytest.Item):
         self.timing = timing
 
     def runtest(self) -> None:
-        timed = execute.time_column(self.records, self.timing, worker_id(self.config))
+        try:
+            timed = execute.time_column(self.records, self.timing, worker_id(self.config))
+        except Exception as error:  # keep each correctness record, say why timing failed
+            failure = f"{type(error).__name__}: {error}"[: execute.MAX_MESSAGE]
+            timed = [replace(r, timing_error=failure) for r in self.records]
         for record in timed:
             storage.append_record(self.run_dir, record)
         labels = [f"\n    {r.cell.fix} [{r.cell.backend}]: {timing_label(r)}" for r in timed]
@@ -120,7 +131,7 @@ class TimingItem(pytest.Item):
 def timing_label(record: CellRecord) -> str:
     perf = record.perf
     if perf is None:
-        return str(record.note)
+        return f"not timed: {record.timing_error or record.note}"
     noisy = " noisy" if perf.time_noisy else ""
     return (
         f"{perf.time_median_s * 1e3:.3f} ms (IQR {perf.time_iqr_s / perf.time_median_s:.1%},"
@@ -133,10 +144,13 @@ def worker_id(config: pytest.Config) -> str:
     return str(workerinput["workerid"]) if workerinput else "main"
 
 
-def outcome_label(record: CellRecord) -> str:
-    if record.outcome is Outcome.RAISES:
-        return "raises (reproduces)" if record.reproduces else "raises (unexpected error)"
-    return record.outcome.value
+def progress_label(record: CellRecord) -> str:
+    """The outcome label, and for a cell that did not pass, the error in one line."""
+    label = outcome_label(record)
+    if record.outcome is Outcome.PASSES:
+        return label
+    detail = failure_line(record)
+    return f"{label}  {detail}" if detail else label
 
 
 CrashRecords = Callable[[str, str], list[CellRecord]]
@@ -165,7 +179,7 @@ class Controller:
             return
         gateway = getattr(getattr(report, "node", None), "gateway", None)
         worker = str(getattr(gateway, "id", "main"))
-        for record in self.on_crash[name](str(report.longrepr), worker):
+        for record in self.on_crash[name](crash_message(report), worker):
             storage.append_record(self.run_dir, record)
         self._progress(report, "crashed")
 
@@ -174,6 +188,12 @@ class Controller:
         self.finished.add(name)
         width = len(str(len(self.on_crash)))
         print(f"[{len(self.finished):>{width}}/{len(self.on_crash)}] {name}  {label}", flush=True)
+
+
+def crash_message(report: pytest.TestReport) -> str:
+    """What went wrong, in words: pytest's own crash message, not its report objects."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    return str(getattr(crash, "message", None) or report.longrepr)
 
 
 def item_name(report: pytest.TestReport) -> str:
@@ -186,7 +206,12 @@ def cell_crashes(cells: list[Cell]) -> dict[str, CrashRecords]:
 
 
 def crashed_cell(cell: Cell, message: str, worker: str) -> list[CellRecord]:
-    return [execute.crashed_record(cell, message, worker)]
+    """The item failed without a record: its worker process died under it."""
+    return [
+        execute.limit_record(
+            cell, Outcome.CRASHED, "WorkerDied", message, worker, CrashKind.WORKER_DIED
+        )
+    ]
 
 
 def timing_crashes(columns: dict[str, list[CellRecord]]) -> dict[str, CrashRecords]:
@@ -195,5 +220,5 @@ def timing_crashes(columns: dict[str, list[CellRecord]]) -> dict[str, CrashRecor
 
 
 def noted_timing_crash(records: list[CellRecord], message: str, worker: str) -> list[CellRecord]:
-    note = f"timing crashed in {worker}: {message}"
-    return [replace(r, note=execute.join_notes(r.note, note)) for r in records]
+    failure = f"the timing worker {worker} died: {message}"[: execute.MAX_MESSAGE]
+    return [replace(r, timing_error=failure) for r in records]

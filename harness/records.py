@@ -1,4 +1,9 @@
-"""Cell specs, outcomes and records: the data that flows from measuring to reporting."""
+"""Cell specs, outcomes and records: the data that flows from measuring to reporting.
+
+The project's vocabulary is defined here, once, and imports no torch: a cell's identity
+(:attr:`Cell.id`), the column it is compared in (:attr:`Cell.column`), and the outcome
+labels every view prints (:data:`LABELS`, :func:`outcome_label`).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ from enum import Enum
 from typing import Any
 
 #: Bumped whenever a record's fields change meaning; readers refuse newer versions.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class Outcome(str, Enum):
@@ -33,7 +38,13 @@ class Cell:
 
     @property
     def id(self) -> str:
+        """The cell's identity: ``case[fix,device,dtype,mode,backend]``."""
         return f"{self.case}[{self.fix},{self.device},{self.dtype},{self.mode},{self.backend}]"
+
+    @property
+    def column(self) -> Column:
+        """The cells compared side by side (timed together, ranked against each other)."""
+        return Column(self.case, self.device, self.dtype, self.mode)
 
     def to_dict(self) -> dict[str, str]:
         return dataclasses.asdict(self)
@@ -41,6 +52,47 @@ class Cell:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Cell:
         return cls(**{f.name: str(data[f.name]) for f in dataclasses.fields(cls)})
+
+
+@dataclass(frozen=True, order=True)
+class Column:
+    """One case, device, dtype and mode: the fixes of a column are compared with each other."""
+
+    case: str
+    device: str
+    dtype: str
+    mode: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.case}[{self.device},{self.dtype},{self.mode}]"
+
+
+class CrashKind(str, Enum):
+    """Why a cell has no outcome of its own (``crashed``)."""
+
+    #: The cell's process died (a signal, or an exit without a record).
+    PROCESS_DIED = "process-died"
+    #: The pytest-xdist worker running the cell died.
+    WORKER_DIED = "worker-died"
+    #: The case's reference fix failed in float64, so nothing can be judged.
+    REFERENCE_FAILED = "reference-failed"
+    #: The case broke the contract (e.g. a fix returned something that is not tensors).
+    CONTRACT = "contract"
+    #: The harness itself failed on this cell.
+    HARNESS = "harness"
+
+
+@dataclass(frozen=True)
+class Flag:
+    """Something a cell's precision mode promised and the cell did not do. A flagged cell is
+    never a plain ``passes``: its label carries the flag's kind."""
+
+    kind: str
+    detail: str
+
+    def describe(self) -> str:
+        return f"{self.kind}: {self.detail}"
 
 
 @dataclass(frozen=True)
@@ -53,6 +105,8 @@ class Numerics:
     tolerance: float
     tolerance_rule: str
     finite: bool
+    #: The output leaf these figures are from (the worst one), for outputs of many tensors.
+    leaf: str | None = None
 
 
 @dataclass(frozen=True)
@@ -91,14 +145,22 @@ class CellRecord:
     reproduces: bool | None = None
     error_type: str | None = None
     error_message: str | None = None
+    #: Innermost frames of the case's own code where the error was raised (``file:line in f``).
+    error_frames: tuple[str, ...] = ()
+    crash_kind: CrashKind | None = None
+    flags: tuple[Flag, ...] = ()
     out_dtype: str | None = None
     attn_dtype: str | None = None
     numerics: Numerics | None = None
     skip_reason: str | None = None
+    #: The plain low-precision baseline failed: the tolerance fell back to the dtype's eps.
+    baseline_error: str | None = None
     note: str | None = None
     duration_s: float | None = None
     worker: str | None = None
     perf: Perf | None = None
+    #: Timing was tried and failed (``Type: message``); the correctness record stands.
+    timing_error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"schema_version": SCHEMA_VERSION, **self.cell.to_dict()}
@@ -110,8 +172,12 @@ class CellRecord:
                 kind = NESTED[f.name][0]
                 nested = dataclasses.asdict(value) if value else {}
                 data.update({g.name: nested.get(g.name) for g in dataclasses.fields(kind)})
+            elif f.name == "flags":
+                data[f.name] = [dataclasses.asdict(flag) for flag in value]
+            elif f.name == "error_frames":
+                data[f.name] = list(value)
             else:
-                data[f.name] = value.value if isinstance(value, Outcome) else value
+                data[f.name] = value.value if isinstance(value, Enum) else value
         return data
 
     @classmethod
@@ -122,15 +188,83 @@ class CellRecord:
                 f"schema_version {version!r} is not supported (this ampmatrix reads up to "
                 f"{SCHEMA_VERSION}); upgrade ampmatrix to read it"
             )
+        if version < 2:
+            data = migrate_v1(data)
         nested: dict[str, Any] = {
-            name: kind(**{f.name: data[f.name] for f in dataclasses.fields(kind)})
+            name: kind(**{f.name: data.get(f.name) for f in dataclasses.fields(kind)})
             if data.get(marker) is not None
             else None
             for name, (kind, marker) in NESTED.items()
         }
+        typed = ("cell", "outcome", "flags", "error_frames", "crash_kind", *NESTED)
         plain: dict[str, Any] = {
-            f.name: data.get(f.name)
-            for f in dataclasses.fields(cls)
-            if f.name not in ("cell", "outcome", *NESTED)
+            f.name: data.get(f.name) for f in dataclasses.fields(cls) if f.name not in typed
         }
-        return cls(cell=Cell.from_dict(data), outcome=Outcome(data["outcome"]), **nested, **plain)
+        crash_kind = data.get("crash_kind")
+        return cls(
+            cell=Cell.from_dict(data),
+            outcome=Outcome(data["outcome"]),
+            flags=tuple(Flag(**flag) for flag in data.get("flags") or ()),
+            error_frames=tuple(data.get("error_frames") or ()),
+            crash_kind=CrashKind(crash_kind) if crash_kind else None,
+            **nested,
+            **plain,
+        )
+
+
+V1_TIMING_FAILED = "timing failed: "
+V1_CRASH_KINDS = {
+    "ProcessDied": CrashKind.PROCESS_DIED,
+    "WorkerCrashed": CrashKind.WORKER_DIED,
+    "HarnessError": CrashKind.HARNESS,
+}
+
+
+def migrate_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """Schema 1 kept a timing failure in ``note`` and a crash's kind in ``error_type``."""
+    data = dict(data)
+    notes = [n for n in (data.get("note") or "").split("; ") if n]
+    failed = [n for n in notes if n.startswith(V1_TIMING_FAILED)]
+    if failed:
+        data["timing_error"] = failed[0].removeprefix(V1_TIMING_FAILED)
+        data["note"] = "; ".join(n for n in notes if n not in failed) or None
+    if data.get("outcome") == Outcome.CRASHED.value:
+        kind = V1_CRASH_KINDS.get(str(data.get("error_type")))
+        data["crash_kind"] = kind.value if kind else None
+    return data
+
+
+@dataclass(frozen=True)
+class Label:
+    """An outcome as every view names it, with its CSS class and its meaning."""
+
+    text: str
+    css: str
+    meaning: str
+
+
+#: Every outcome label, in the order tables and legends list them.
+LABELS = (
+    Label("raises:repro", "raises-repro", "fails with the case's known error (it reproduces)"),
+    Label("raises:OTHER", "raises-other", "fails with a different, unexpected error"),
+    Label("inaccurate", "inaccurate", "ran, but beyond tolerance, non-finite or misshapen"),
+    Label("passes", "passes", "finite and within tolerance of the float64 reference"),
+    Label("crashed", "crashed", "no outcome: the process died, or the reference or harness failed"),
+    Label("timeout", "timeout", "ran past its time limit"),
+    Label("skipped", "skipped", "not possible in that environment"),
+)
+LABEL_ORDER = tuple(label.text for label in LABELS)
+
+
+def base_label(record: CellRecord) -> str:
+    """The outcome's label without flags: ``raises:repro``, ``passes``, ..."""
+    if record.outcome is Outcome.RAISES:
+        return "raises:repro" if record.reproduces else "raises:OTHER"
+    return record.outcome.value
+
+
+def outcome_label(record: CellRecord) -> str:
+    """The label every view prints: flags follow in brackets (``passes[no-autocast]``), so a
+    flagged cell never reads as a plain ``passes``."""
+    flags = ",".join(dict.fromkeys(flag.kind for flag in record.flags))
+    return f"{base_label(record)}[{flags}]" if flags else base_label(record)

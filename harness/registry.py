@@ -135,15 +135,28 @@ def discover(extra_dirs: Iterable[Path] = ()) -> Discovery:
     """
     modules: dict[str, tuple[str, ...]] = {}
     for directory in (BUILTIN_CASES_DIR, *extra_dirs):
-        for path in case_module_paths(Path(directory)):
+        paths = case_module_paths(Path(directory))
+        if Path(directory).resolve() != BUILTIN_CASES_DIR:
+            importable_siblings(Path(directory))
+        for path in paths:
             modules[str(path)] = _import_case_module(path)
     return Discovery(modules)
 
 
 def case_module_paths(directory: Path) -> list[Path]:
+    """The case modules of a folder: every ``*.py`` whose name does not start with ``_``
+    (those are helpers the case modules import)."""
     if not directory.is_dir():
         raise CaseContractError(f"{directory}: cases folder does not exist")
     return sorted(p for p in directory.glob("*.py") if not p.name.startswith("_"))
+
+
+def importable_siblings(directory: Path) -> None:
+    """Let the modules of an external cases folder import each other as users write it:
+    ``import _helpers`` or ``from _helpers import ...`` (the folder goes on ``sys.path``)."""
+    folder = str(directory.resolve())
+    if folder not in sys.path:
+        sys.path.append(folder)
 
 
 def _import_case_module(path: Path) -> tuple[str, ...]:

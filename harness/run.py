@@ -14,7 +14,7 @@ import dataclasses
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,24 +23,11 @@ import torch
 
 from harness import execute, registry, storage
 from harness.case import Case
+from harness.config import RunConfig
 from harness.environment import capture_environment, now_iso
-from harness.isolation import Limits
-from harness.matrix import Plan, Selection, check_selection, expand
+from harness.matrix import Plan, check_selection, expand
 from harness.pytest_plugin import Controller, cell_crashes, timing_crashes
 from harness.records import Cell, CellRecord
-from harness.timing import TimingConfig
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    selection: Selection = field(default_factory=Selection)
-    cases_dirs: tuple[Path, ...] = ()
-    results_root: Path = Path("results")
-    workers: str = "auto"
-    command: tuple[str, ...] = field(default_factory=tuple)
-    timing: bool = True
-    timing_config: TimingConfig = field(default_factory=TimingConfig)
-    limits: Limits = field(default_factory=Limits)
 
 
 def discover_cases(cases_dirs: Sequence[Path]) -> list[Case]:
@@ -48,15 +35,15 @@ def discover_cases(cases_dirs: Sequence[Path]) -> list[Case]:
     return registry.all_cases()
 
 
-def plan_run(options: RunOptions) -> Plan:
-    cases = discover_cases(options.cases_dirs)
-    check_selection(cases, options.selection)
-    return expand(cases, options.selection)
+def plan_run(config: RunConfig) -> Plan:
+    cases = discover_cases(config.cases_dirs)
+    check_selection(cases, config.selection)
+    return expand(cases, config.selection)
 
 
-def start_run_dir(options: RunOptions) -> Path:
-    run_dir = storage.create_run_dir(options.results_root, storage.new_run_id(torch.__version__))
-    storage.write_env(run_dir, capture_environment(list(options.command)))
+def start_run_dir(config: RunConfig) -> Path:
+    run_dir = storage.create_run_dir(config.results_root, storage.new_run_id(torch.__version__))
+    storage.write_env(run_dir, capture_environment(list(config.command)))
     cases = [case.metadata() for case in registry.all_cases()]
     storage.write_json_atomic(run_dir / storage.CASES_FILE, cases)
     return run_dir
@@ -67,13 +54,11 @@ def record_skipped(run_dir: Path, plan: Plan) -> None:
         storage.append_record(run_dir, execute.skipped_record(cell, reason))
 
 
-def write_plan(run_dir: Path, name: str, cases_dirs: Sequence[Path], **items: Any) -> Path:
+def write_plan(run_dir: Path, name: str, **items: Any) -> Path:
+    """A plan file for pytest: the items to run; the settings come from the run's config
+    in ``run-plan.json``."""
     path = run_dir / name
-    data = {
-        "run_dir": str(run_dir.resolve()),
-        "cases_dirs": [str(Path(d).resolve()) for d in cases_dirs],
-        **items,
-    }
+    data = {"run_dir": str(run_dir.resolve()), **items}
     path.write_text(json.dumps(data, indent=1) + "\n")
     return path
 
@@ -115,18 +100,12 @@ def run_pytest(args: list[str], controller: Controller, threads: int) -> int:
     return int(pytest.main(args, plugins=[controller]))
 
 
-def execute_cells(run_dir: Path, plan: Plan, workers: int, options: RunOptions) -> int:
+def execute_cells(run_dir: Path, plan: Plan, workers: int, config: RunConfig) -> int:
     """Correctness phase: run the cells as pytest items; returns pytest's exit code."""
     if not plan.to_run:
         return 0
     cells = [cell.to_dict() for cell in plan.to_run]
-    plan_path = write_plan(
-        run_dir,
-        storage.PLAN_FILE,
-        options.cases_dirs,
-        cells=cells,
-        limits=dataclasses.asdict(options.limits),
-    )
+    plan_path = write_plan(run_dir, storage.PLAN_FILE, cells=cells)
     controller = Controller(run_dir, cell_crashes(plan.to_run))
     grouped = any(c.device.startswith("cuda") for c in plan.to_run)
     args = pytest_args(plan_path, workers, grouped)
@@ -135,8 +114,11 @@ def execute_cells(run_dir: Path, plan: Plan, workers: int, options: RunOptions) 
 
 def needs_timing(record: CellRecord) -> bool:
     """A cell that ran and has no figures yet (nor a note that timing it failed)."""
-    tried = record.note is not None and "timing" in record.note
-    return record.outcome in execute.TIMED_OUTCOMES and record.perf is None and not tried
+    return (
+        record.outcome in execute.TIMED_OUTCOMES
+        and record.perf is None
+        and record.timing_error is None
+    )
 
 
 def cells_to_time(run_dir: Path) -> list[CellRecord]:
@@ -151,15 +133,14 @@ def timing_columns(records: Sequence[CellRecord]) -> dict[str, list[CellRecord]]
     """Cells compared with each other (one case, device, dtype, mode) are timed together."""
     columns: dict[str, list[CellRecord]] = {}
     for r in records:
-        name = f"{r.cell.case}[{r.cell.device},{r.cell.dtype},{r.cell.mode}]"
-        columns.setdefault(name, []).append(r)
+        columns.setdefault(r.cell.column.id, []).append(r)
     return columns
 
 
-def time_cells(run_dir: Path, options: RunOptions) -> int:
+def time_cells(run_dir: Path, config: RunConfig) -> int:
     """Timing phase: one worker per device, each timing its device's columns one at a time."""
     records = cells_to_time(run_dir)
-    if not records:
+    if not records or config.timing is None:
         return 0
     columns = timing_columns(records)
     print(
@@ -169,10 +150,8 @@ def time_cells(run_dir: Path, options: RunOptions) -> int:
     plan_path = write_plan(
         run_dir,
         storage.TIMING_PLAN_FILE,
-        options.cases_dirs,
         cells=[],
         columns={name: [r.to_dict() for r in rs] for name, rs in columns.items()},
-        timing=dataclasses.asdict(options.timing_config),
     )
     devices = {r.cell.device for r in records}
     controller = Controller(run_dir, timing_crashes(columns))
@@ -180,14 +159,15 @@ def time_cells(run_dir: Path, options: RunOptions) -> int:
     return run_pytest(pytest_args(plan_path, len(devices), grouped=True), controller, threads)
 
 
-def finish_run(run_dir: Path, exit_code: int, workers: int, options: RunOptions) -> None:
+def finish_run(run_dir: Path, exit_code: int, workers: int, config: RunConfig) -> None:
     env = storage.read_env(run_dir)
     env.update(
         finished_at=now_iso(),
         runner_exit_code=exit_code,
         workers=workers,
         threads_per_worker=threads_per_worker(workers),
-        timing=dataclasses.asdict(options.timing_config) if options.timing else None,
+        timing=dataclasses.asdict(config.timing) if config.timing else None,
+        config=config.to_dict(),
         peak_gflops=measured_peaks(storage.read_records(run_dir)),
     )
     storage.write_env(run_dir, env)
@@ -202,57 +182,48 @@ def measured_peaks(records: Sequence[CellRecord]) -> dict[str, dict[str, float]]
     return peaks
 
 
-def write_run_plan(run_dir: Path, plan: Plan, options: RunOptions) -> None:
+def write_run_plan(run_dir: Path, plan: Plan, config: RunConfig) -> None:
     """Everything ``--resume`` needs to finish this run as it was started."""
     storage.write_json_atomic(
         run_dir / storage.RUN_PLAN_FILE,
         {
+            "config": config.to_dict(),
             "cells": [cell.to_dict() for cell in plan.to_run],
             "skipped": [[cell.to_dict(), reason] for cell, reason in plan.skipped],
-            "cases_dirs": [str(Path(d).resolve()) for d in options.cases_dirs],
-            "limits": dataclasses.asdict(options.limits),
-            "timing": dataclasses.asdict(options.timing_config) if options.timing else None,
         },
     )
 
 
-def run_cells(run_dir: Path, plan: Plan, options: RunOptions) -> Path:
+def run_cells(run_dir: Path, plan: Plan, config: RunConfig) -> Path:
     """Record the skipped cells, run the others, time what ran, and close the run."""
     record_skipped(run_dir, plan)
-    workers = worker_count(options.workers, plan.to_run)
-    exit_code = execute_cells(run_dir, plan, workers, options)
-    if options.timing:
-        exit_code = max(exit_code, time_cells(run_dir, options))
-    finish_run(run_dir, exit_code, workers, options)
+    workers = worker_count(config.workers, plan.to_run)
+    exit_code = execute_cells(run_dir, plan, workers, config)
+    if config.timing is not None:
+        exit_code = max(exit_code, time_cells(run_dir, config))
+    finish_run(run_dir, exit_code, workers, config)
     return run_dir
 
 
-def run(options: RunOptions) -> Path:
+def run(config: RunConfig) -> Path:
     """Run the selected matrix; returns the run directory."""
-    plan = plan_run(options)
-    run_dir = start_run_dir(options)
-    write_run_plan(run_dir, plan, options)
+    plan = plan_run(config)
+    run_dir = start_run_dir(config)
+    write_run_plan(run_dir, plan, config)
     print(
         f"ampmatrix: {len(plan.to_run)} cells to run, {len(plan.skipped)} skipped here; "
         f"results in {run_dir}",
         flush=True,
     )
-    return run_cells(run_dir, plan, options)
+    return run_cells(run_dir, plan, config)
 
 
 def resume(run_dir: Path, workers: str = "auto") -> Path:
     """Finish a run that was stopped: only the cells without a record run (and, if the run
     times cells, only the cells without figures are timed)."""
     saved = storage.read_run_plan(run_dir)
-    options = RunOptions(
-        cases_dirs=tuple(Path(d) for d in saved["cases_dirs"]),
-        results_root=run_dir.parent,
-        workers=workers,
-        timing=saved["timing"] is not None,
-        timing_config=TimingConfig(**(saved["timing"] or {})),
-        limits=Limits(**saved["limits"]),
-    )
-    discover_cases(options.cases_dirs)
+    config = replace(saved_config(saved), results_root=run_dir.parent, workers=workers)
+    discover_cases(config.cases_dirs)
     dropped = storage.drop_partial_last_line(run_dir)
     done = {record.cell for record in storage.read_records(run_dir, problems=[])}
     plan = Plan(
@@ -273,4 +244,10 @@ def resume(run_dir: Path, workers: str = "auto") -> Path:
         "left to run",
         flush=True,
     )
-    return run_cells(run_dir, plan, options)
+    return run_cells(run_dir, plan, config)
+
+
+def saved_config(saved: dict[str, Any]) -> RunConfig:
+    """The run's configuration from its ``run-plan.json`` (older runs stored its parts at
+    the top level)."""
+    return RunConfig.from_dict(saved.get("config", saved))

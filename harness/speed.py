@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from harness.matrix import CONTROL_FIX, CONTROL_MODE
-from harness.records import Cell, CellRecord, Outcome
+from harness.axes import CONTROL_FIX, CONTROL_MODE
+from harness.records import Cell, CellRecord, Column, Outcome
 from harness.timing import quartiles
 
 #: Medians closer than this ratio are within run-to-run noise: a tie. On a shared 2-core VM
@@ -33,10 +33,9 @@ def environment_key(record: CellRecord) -> tuple[str, str]:
     return record.torch_version, record.cell.device
 
 
-def column_key(record: CellRecord) -> tuple[str, str, str, str, str]:
-    """Records compared with each other: same case, environment, dtype and mode."""
-    cell = record.cell
-    return (cell.case, *environment_key(record), cell.dtype, cell.mode)
+def column_key(record: CellRecord) -> tuple[str, Column]:
+    """Records compared with each other: the cell's column, in one torch version."""
+    return record.torch_version, record.cell.column
 
 
 def median_of(record: CellRecord) -> float | None:
@@ -53,8 +52,8 @@ def controls(records: Iterable[CellRecord]) -> dict[tuple[str, str, str, str], f
     return found
 
 
-def fastest_passing(records: Iterable[CellRecord]) -> dict[tuple[str, ...], float]:
-    fastest: dict[tuple[str, ...], float] = {}
+def fastest_passing(records: Iterable[CellRecord]) -> dict[tuple[str, Column], float]:
+    fastest: dict[tuple[str, Column], float] = {}
     for r in records:
         median = median_of(r)
         if r.outcome is Outcome.PASSES and median:

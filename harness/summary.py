@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
-from harness.records import CellRecord, Outcome
+from harness.axes import DTYPES, MODE_NAMES, MODES, rank
+from harness.records import CellRecord, Outcome, outcome_label
 from harness.speed import RecordKey, SpeedRatios, record_key, speed_ratios
 
 SPEED_LEGEND = (
@@ -13,18 +14,10 @@ SPEED_LEGEND = (
 )
 LEGEND = (
     "raises:repro = fails with the case's known error; raises:OTHER = a different error; "
-    "inaccurate = ran but beyond tolerance or non-finite"
+    "inaccurate = ran but beyond tolerance or non-finite; [flag] = the cell's precision mode "
+    "was not applied as promised (listed under the table)"
 )
-
-
-def short_outcome(record: CellRecord) -> str:
-    if record.outcome is Outcome.RAISES:
-        return "raises:repro" if record.reproduces else "raises:OTHER"
-    return record.outcome.value
-
-
-DTYPE_ORDER = ("float16", "bfloat16", "float32")
-MODE_ORDER = ("autocast", "half", "fp32")
+MODES_LEGEND = "modes: " + "; ".join(f"{m.name} = {m.meaning}" for m in MODES.values())
 
 
 def column_key(record: CellRecord, show_device: bool) -> tuple[str, ...]:
@@ -34,12 +27,7 @@ def column_key(record: CellRecord, show_device: bool) -> tuple[str, ...]:
 
 def column_order(key: tuple[str, ...]) -> tuple[object, ...]:
     *device, dtype, mode = key
-    return (*device, rank(DTYPE_ORDER, dtype), rank(MODE_ORDER, mode), key)
-
-
-def rank(order: Sequence[str], value: str) -> int:
-    """Position of ``value`` in a preferred order; unknown values go last."""
-    return order.index(value) if value in order else len(order)
+    return (*device, rank(DTYPES, dtype), rank(MODE_NAMES, mode), key)
 
 
 def row_key(record: CellRecord, show_backend: bool) -> str:
@@ -55,7 +43,7 @@ def row_order(records: Sequence[CellRecord], show_backend: bool) -> list[str]:
 CellText = Callable[[CellRecord], str | None]
 
 
-def case_table(records: Sequence[CellRecord], text: CellText = short_outcome) -> list[str]:
+def case_table(records: Sequence[CellRecord], text: CellText = outcome_label) -> list[str]:
     """Rows of one case's table: ``text`` of each record that has one (skipped left out)."""
     ran = [r for r in records if r.outcome is not Outcome.SKIPPED and text(r) is not None]
     if not ran:
@@ -102,18 +90,57 @@ def speed_text(ratios: dict[RecordKey, SpeedRatios]) -> CellText:
     return text
 
 
+def failure_line(record: CellRecord) -> str | None:
+    """Why a cell did not pass, in one line: the error with the case's innermost frame,
+    the crash kind, or the tolerance it missed; None for a plain pass."""
+    parts = [flag.describe() for flag in record.flags]
+    if record.error_type or record.error_message:
+        where = f" (at {record.error_frames[-1]})" if record.error_frames else ""
+        kind = f"{record.crash_kind.value}: " if record.crash_kind else ""
+        first_line = (record.error_message or "").strip().splitlines()[:1]
+        parts.insert(0, f"{kind}{record.error_type}: {''.join(first_line)}{where}")
+    elif record.outcome is Outcome.INACCURATE and record.numerics:
+        n = record.numerics
+        leaf = f" in {n.leaf}" if n.leaf else ""
+        finite = "" if n.finite else "non-finite output; "
+        parts.insert(0, f"{finite}rel_err {n.rel_err:.3g}{leaf} > tolerance {n.tolerance:.3g}")
+    if record.baseline_error:
+        parts.append(f"baseline failed ({record.baseline_error}): tolerance is eps")
+    return "; ".join(parts) or None
+
+
+def detail_lines(records: Sequence[CellRecord]) -> list[str]:
+    """One line per flagged, crashed or unexpectedly failing cell of a case."""
+    worth_saying = [
+        r
+        for r in records
+        if r.flags
+        or r.outcome in (Outcome.CRASHED, Outcome.TIMEOUT)
+        or (r.outcome is Outcome.RAISES and not r.reproduces)
+        or r.baseline_error
+    ]
+    ran = [r for r in records if r.outcome is not Outcome.SKIPPED]
+    show_device = len({r.cell.device for r in ran}) > 1
+    show_backend = len({r.cell.backend for r in ran}) > 1
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for r in sorted(worth_saying, key=lambda r: (r.cell.fix != "none", r.cell)):
+        heading = "/".join(column_key(r, show_device))
+        grouped.setdefault((row_key(r, show_backend), str(failure_line(r))), []).append(heading)
+    return [f"  ! {row} {' '.join(columns)}: {text}" for (row, text), columns in grouped.items()]
+
+
 def render_summary(records: Sequence[CellRecord]) -> str:
     """The whole summary: tables per case (outcomes, then speed), counts, skip reasons."""
     lines: list[str] = []
     by_speed = speed_text(speed_ratios(records))
     for case in sorted({r.cell.case for r in records}):
         mine = [r for r in records if r.cell.case == case]
-        lines += [f"{case}", *("  " + row for row in case_table(mine)), ""]
+        lines += [f"{case}", *("  " + row for row in case_table(mine)), *detail_lines(mine), ""]
         speed = case_table(mine, by_speed)
         if speed:
             lines += ["  time per call" + SPEED_LEGEND, *("  " + row for row in speed), ""]
     counts = Counter(r.outcome.value for r in records)
     lines.append("outcomes: " + ", ".join(f"{n} {o}" for o, n in sorted(counts.items())))
     lines += skipped_lines(records)
-    lines.append(LEGEND)
+    lines += [LEGEND, MODES_LEGEND]
     return "\n".join(lines)

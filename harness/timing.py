@@ -18,9 +18,10 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
+if TYPE_CHECKING:  # torch is imported where CUDA is timed: reports read this module too
+    import torch
 
 Clock = Callable[[], float]
 
@@ -90,6 +91,8 @@ class CudaEventStopwatch:
     L2_FLUSH_BYTES = 256 * 1024 * 1024
 
     def __init__(self, device: torch.device, flush_l2: bool = False) -> None:
+        import torch
+
         self.device = device
         self.flush_buffer = (
             torch.empty(self.L2_FLUSH_BYTES, dtype=torch.uint8, device=device)
@@ -98,6 +101,8 @@ class CudaEventStopwatch:
         )
 
     def time_block(self, fn: Callable[[], Any], calls: int) -> float:
+        import torch
+
         if self.flush_buffer is not None:
             self.flush_buffer.zero_()
         start = torch.cuda.Event(enable_timing=True)

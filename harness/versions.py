@@ -7,11 +7,8 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from harness.records import CellRecord, Outcome
-from harness.summary import format_rows, short_outcome
-
-#: A cell across environments: everything but the torch version.
-CellKey = tuple[str, str, str, str, str, str]
+from harness.records import Cell, CellRecord, Outcome, outcome_label
+from harness.summary import format_rows
 
 
 def version_key(version: str) -> tuple[int, ...]:
@@ -22,29 +19,26 @@ def version_key(version: str) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class OutcomeChange:
-    cell: CellKey
+    cell: Cell
     before_version: str
     before: str
     after_version: str
     after: str
 
     def describe(self) -> str:
-        case, fix, device, dtype, mode, backend = self.cell
         return (
-            f"{case}[{fix},{device},{dtype},{mode},{backend}]: {self.before} on torch "
+            f"{self.cell.id}: {self.before} on torch "
             f"{self.before_version} -> {self.after} on torch {self.after_version}"
         )
 
 
-def outcomes_by_version(records: Iterable[CellRecord]) -> dict[CellKey, dict[str, str]]:
-    """For each cell that ran, its outcome label under each torch version."""
-    table: dict[CellKey, dict[str, str]] = {}
+def outcomes_by_version(records: Iterable[CellRecord]) -> dict[Cell, dict[str, str]]:
+    """For each cell that ran (a cell is the same across environments), its outcome label
+    under each torch version."""
+    table: dict[Cell, dict[str, str]] = {}
     for r in records:
-        if r.outcome is Outcome.SKIPPED:
-            continue
-        c = r.cell
-        key = (c.case, c.fix, c.device, c.dtype, c.mode, c.backend)
-        table.setdefault(key, {})[r.torch_version] = short_outcome(r)
+        if r.outcome is not Outcome.SKIPPED:
+            table.setdefault(r.cell, {})[r.torch_version] = outcome_label(r)
     return table
 
 
@@ -66,13 +60,8 @@ def render_bisect(records: Sequence[CellRecord]) -> str:
     table = outcomes_by_version(records)
     versions = sorted({v for by in table.values() for v in by}, key=version_key)
     rows = [["cell", *(f"torch {v.split('+')[0]}" for v in versions)]]
-    for (case, fix, device, dtype, mode, backend), by in sorted(table.items()):
-        rows.append(
-            [
-                f"{case}[{fix},{device},{dtype},{mode},{backend}]",
-                *(by.get(v, "-") for v in versions),
-            ]
-        )
+    for cell, by in sorted(table.items()):
+        rows.append([cell.id, *(by.get(v, "-") for v in versions)])
     lines = ["  " + row for row in format_rows(rows)] if len(rows) > 1 else ["  no cell ran"]
     changes = outcome_changes(records)
     lines.append("")

@@ -14,20 +14,11 @@ from typing import Any
 import pandas as pd
 
 from harness import storage
-from harness.records import CellRecord, Outcome
+from harness.axes import DTYPES, MODE_NAMES, rank
+from harness.records import LABEL_ORDER, CellRecord, Outcome, base_label, outcome_label
 from harness.speed import SpeedRatios, record_key, speed_ratios
-from harness.summary import DTYPE_ORDER, MODE_ORDER, rank, short_outcome
+from harness.summary import failure_line
 from harness.versions import version_key
-
-OUTCOME_ORDER = (
-    "raises:repro",
-    "raises:OTHER",
-    "inaccurate",
-    "passes",
-    "crashed",
-    "timeout",
-    "skipped",
-)
 
 
 @dataclass
@@ -75,7 +66,9 @@ def record_row(
         "torch_version": record.torch_version,
         "env": env,
         "outcome": record.outcome.value,
-        "label": short_outcome(record),
+        "label": outcome_label(record),
+        "base_label": base_label(record),
+        "failure": failure_line(record),
         "reproduces": record.reproduces,
         "error_type": record.error_type,
         "error_message": record.error_message,
@@ -130,7 +123,7 @@ def column_order(frame: pd.DataFrame) -> list[tuple[str, str, str]]:
     envs = env_order(frame)
     return sorted(
         (tuple(k) for k in keys.itertuples(index=False)),
-        key=lambda k: (envs.index(k[0]), rank(DTYPE_ORDER, k[1]), rank(MODE_ORDER, k[2])),
+        key=lambda k: (envs.index(k[0]), rank(DTYPES, k[1]), rank(MODE_NAMES, k[2])),
     )
 
 
@@ -169,22 +162,22 @@ def version_view(frame: pd.DataFrame) -> pd.DataFrame:
 def _reproduction_text(cells: pd.DataFrame) -> str:
     if cells.empty:
         return "not run"
-    repro = cells[cells["label"] == "raises:repro"]
+    repro = cells[cells["base_label"] == "raises:repro"]
     if repro.empty:
         return "does not reproduce"
     where = sorted(
         {f"{r.dtype}/{r.mode}" for r in repro.itertuples()},
-        key=lambda k: (rank(DTYPE_ORDER, k.split("/")[0]), k),
+        key=lambda k: (rank(DTYPES, k.split("/")[0]), k),
     )
     return f"reproduces ({', '.join(where)}); {len(repro)} of {len(cells)} cells"
 
 
 def fixes_passing_everywhere(case_frame: pd.DataFrame) -> list[str]:
-    """Fixes other than ``none`` whose every cell that ran passed."""
+    """Fixes other than ``none`` whose every cell that ran passed, with no flag."""
     ran = case_frame[
         (case_frame["outcome"] != Outcome.SKIPPED.value) & (case_frame["fix"] != "none")
     ]
-    return [str(fix) for fix, cells in ran.groupby("fix") if (cells["outcome"] == "passes").all()]
+    return [str(fix) for fix, cells in ran.groupby("fix") if (cells["label"] == "passes").all()]
 
 
 @dataclass(frozen=True)

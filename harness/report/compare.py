@@ -15,10 +15,10 @@ from pathlib import Path
 from scipy.stats import mannwhitneyu
 
 from harness import storage
-from harness.records import Cell, CellRecord, Outcome
+from harness.records import Cell, CellRecord, Outcome, outcome_label
 from harness.report.aggregate import Run
 from harness.speed import ALPHA, MIN_RATIO
-from harness.summary import format_rows, short_outcome
+from harness.summary import format_rows
 
 NOT_OK = (Outcome.RAISES, Outcome.INACCURATE, Outcome.CRASHED, Outcome.TIMEOUT)
 
@@ -46,7 +46,7 @@ class Comparison:
 
 
 def outcome_verdict(base: CellRecord, head: CellRecord) -> str | None:
-    before, after = short_outcome(base), short_outcome(head)
+    before, after = outcome_label(base), outcome_label(head)
     if before == after:
         return None
     if base.outcome is Outcome.PASSES and head.outcome in NOT_OK:
@@ -91,7 +91,7 @@ def compare_runs(
         verdict = outcome_verdict(before, after)
         if verdict:
             changes.append(
-                Change(cell, "outcome", short_outcome(before), short_outcome(after), verdict)
+                Change(cell, "outcome", outcome_label(before), outcome_label(after), verdict)
             )
         speed = speed_change(before, after, min_ratio, alpha)
         if speed:

@@ -19,20 +19,23 @@ import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from harness import storage
+from harness.records import LABELS
 from harness.report import aggregate, plots
 from harness.report.aggregate import Run
 from harness.report.compare import Comparison
 
 LEGEND = (
-    ("raises:repro", "raises-repro", "fails with the case's known error (the failure reproduces)"),
-    ("raises:OTHER", "raises-other", "fails with a different, unexpected error"),
-    ("passes", "passes", "finite and within tolerance of the float64 reference"),
-    ("inaccurate", "inaccurate", "ran, but beyond tolerance or non-finite"),
-    ("skipped", "skipped", "not possible in that environment"),
-    ("crashed", "crashed", "the process running the cell died"),
-    ("timeout", "timeout", "ran past its time limit"),
+    *((label.text, label.css, label.meaning) for label in LABELS),
+    ("[flag]", "flagged", "the cell's precision mode was not applied as promised (see messages)"),
 )
-CSS_CLASS = {label: css for label, css, _ in LEGEND}
+CSS_CLASS = {label.text: label.css for label in LABELS}
+
+
+def css_for(label: str) -> str:
+    """The CSS class of a label; a flagged one (``passes[no-autocast]``) gets ``flagged``
+    too, so it never looks like a plain pass."""
+    base, _, flags = label.partition("[")
+    return CSS_CLASS.get(base, "missing") + (" flagged" if flags else "")
 ISSUE_REF = re.compile(r"^(?P<repo>[\w.-]+/[\w.-]+)#(?P<number>\d+)$")
 
 
@@ -84,7 +87,7 @@ def matrix_view(frame: pd.DataFrame) -> MatrixView:
         cells = [
             {
                 "label": v if isinstance(v, str) else "-",
-                "css": CSS_CLASS.get(v, "missing") if isinstance(v, str) else "missing",
+                "css": css_for(v) if isinstance(v, str) else "missing",
             }
             for v in values
         ]
@@ -128,7 +131,7 @@ def cell_rows(case_frame: pd.DataFrame) -> list[dict[str, Any]]:
                 "dtype": r.dtype,
                 "mode": r.mode,
                 "label": r.label,
-                "css": CSS_CLASS.get(r.label, ""),
+                "css": css_for(r.label),
                 "skip_reason": text_or_none(r.skip_reason),
                 "out_dtype": text_or_none(r.out_dtype),
                 "attn_dtype": text_or_none(r.attn_dtype),
@@ -156,7 +159,7 @@ def skipped_summary(case_frame: pd.DataFrame) -> list[tuple[str, int]]:
 def messages(case_frame: pd.DataFrame) -> list[dict[str, str]]:
     found = []
     for r in case_frame.itertuples():
-        for text in (r.error_message, r.note):
+        for text in (r.failure, r.note):
             if isinstance(text, str) and text:
                 found.append({"where": f"{r.row} · {r.env} · {r.dtype}/{r.mode}", "text": text})
     return found

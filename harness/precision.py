@@ -1,0 +1,260 @@
+"""The harness puts a cell's precision on a case's workload, and checks that it took.
+
+A case builds its model and inputs once, in float32 on the CPU. For a cell, the harness:
+
+* moves them to the cell's device;
+* in modes that cast (``half``, ``half-autocast``), casts the model's floating parameters
+  and buffers and every floating input tensor to the cell dtype, except the modules,
+  parameters and buffers the case declares in ``keep_fp32`` (as transformers'
+  ``_keep_in_fp32_modules``), which stay float32;
+* for the reference, casts everything (kept parts too) to float64;
+* in modes with autocast (``autocast``, ``half-autocast``), runs the fix inside
+  ``torch.autocast(device, dtype)``.
+
+Two self-checks make a precision that was never applied visible (as flags on the record):
+an autocast cell in which no torch op ran with autocast on, and a cell that should be half
+whose model holds floating parameters or buffers in another dtype after the fix ran.
+
+Autocast is witnessed with a Python profile hook, not a TorchDispatchMode: a dispatch mode
+changes what fused native ops do under autocast (measured on torch 2.4.1: with one active,
+``nn.TransformerEncoder``'s fast path no longer fails under CPU autocast).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, fields, is_dataclass
+from types import FrameType
+from typing import Any
+
+import torch
+from torch import nn
+
+from harness.axes import MODES
+from harness.records import Flag
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+}
+
+NO_AUTOCAST = "no-autocast"
+NOT_HALF = "not-half"
+
+
+def dtype_of(name: str) -> torch.dtype:
+    """The torch dtype of an axis value (``float64`` for references)."""
+    return TORCH_DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float16`` -> ``float16``."""
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What the harness applies to one run of a fix."""
+
+    device: torch.device
+    #: The cell dtype, or float64 for the reference.
+    dtype: torch.dtype
+    mode: str
+    #: The case manages precision itself (the harness only moves the workload to the device).
+    managed_by_case: bool = False
+
+    @property
+    def is_reference(self) -> bool:
+        return self.dtype == torch.float64
+
+    @property
+    def casts_model(self) -> bool:
+        return self.is_reference or MODES[self.mode].casts_model
+
+    @property
+    def uses_autocast(self) -> bool:
+        return not self.is_reference and MODES[self.mode].autocast
+
+    @property
+    def upcast_dtype(self) -> torch.dtype:
+        """What upstream code means by ``.float()``: float32, or float64 in the reference."""
+        return torch.float64 if self.is_reference else torch.float32
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype of the model's weights and inputs once the mode is applied."""
+        if self.managed_by_case:
+            return self.upcast_dtype
+        return self.dtype if self.casts_model else torch.float32
+
+
+def cast_tensors(value: Any, device: torch.device, dtype: torch.dtype) -> Any:
+    """Every floating tensor in ``value`` (nested lists, tuples, dicts) moved and cast;
+    other tensors only moved; anything else returned as is."""
+    if isinstance(value, torch.Tensor):
+        target = dtype if value.is_floating_point() else value.dtype
+        return value.to(device=device, dtype=target)
+    if isinstance(value, nn.Module):
+        return value.to(device=device, dtype=dtype)
+    if isinstance(value, Mapping):
+        return {k: cast_tensors(v, device, dtype) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(cast_tensors(v, device, dtype) for v in value)
+    return value
+
+
+def keep_in_fp32(model: Any, names: tuple[str, ...], dtype: torch.dtype) -> None:
+    """Put the declared modules, parameters or buffers of ``model`` back in ``dtype``."""
+    if not names:
+        return
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"keep_fp32 {names} needs the workload's model to be an nn.Module")
+    for name in names:
+        part = find_part(model, name)
+        if isinstance(part, nn.Module):
+            part.to(dtype=dtype)
+        else:
+            part.data = part.data.to(dtype)
+
+
+def find_part(model: nn.Module, name: str) -> nn.Module | torch.Tensor:
+    """A submodule, parameter or buffer of ``model`` by its dotted name."""
+    for getter in (model.get_submodule, model.get_parameter, model.get_buffer):
+        try:
+            part: nn.Module | torch.Tensor = getter(name)
+            return part
+        except AttributeError:
+            continue
+    raise AttributeError(f"keep_fp32 names {name!r}, which the model does not have")
+
+
+def kept(name: str, keep: tuple[str, ...]) -> bool:
+    return any(name == k or name.startswith(k + ".") for k in keep)
+
+
+def leftover_precision(model: Any, dtype: torch.dtype, keep: tuple[str, ...]) -> list[str]:
+    """Floating parameters and buffers of ``model`` that are not in ``dtype`` and were not
+    declared kept: ``name (float32)``."""
+    if isinstance(model, nn.Module):
+        named = [*model.named_parameters(), *model.named_buffers()]
+    elif isinstance(model, torch.Tensor):
+        named = [("model", model)]
+    else:
+        return []
+    return [
+        f"{name} ({dtype_name(t.dtype)})"
+        for name, t in named
+        if t.is_floating_point() and t.dtype != dtype and not kept(name, keep)
+    ]
+
+
+def not_half_flag(model: Any, precision: Precision, keep: tuple[str, ...]) -> Flag | None:
+    """The flag of a half cell whose model is not (or no longer) in the cell dtype."""
+    if precision.managed_by_case or precision.is_reference or not precision.casts_model:
+        return None
+    wrong = leftover_precision(model, precision.dtype, keep)
+    if not wrong:
+        return None
+    shown = ", ".join(wrong[:3]) + (f" and {len(wrong) - 3} more" if len(wrong) > 3 else "")
+    return Flag(NOT_HALF, f"after the fix the model holds {shown}, not declared in keep_fp32")
+
+
+def autocast_region(precision: Precision) -> AbstractContextManager[Any]:
+    """``torch.autocast`` for a cell whose mode asks for it, applied by the harness."""
+    if precision.managed_by_case or not precision.uses_autocast:
+        return nullcontext()
+    return torch.autocast(precision.device.type, dtype=precision.dtype)
+
+
+#: Torch calls that query or switch state rather than compute: not evidence of autocast.
+STATE_CALL_PREFIXES = ("is_", "get_", "set_", "_is_", "_get_", "_set_", "_has_")
+
+
+def is_compute_call(func: Any) -> bool:
+    """A torch builtin that computes on tensors: a Tensor method, or a function of torch's
+    C modules, other than state queries and autocast's own bookkeeping."""
+    name = getattr(func, "__name__", "")
+    if "autocast" in name or name.startswith(STATE_CALL_PREFIXES):
+        return False
+    owner = getattr(func, "__self__", None)
+    if isinstance(owner, torch.Tensor):
+        return True
+    module = getattr(func, "__module__", None) or getattr(owner, "__name__", "")
+    return str(module).startswith("torch")
+
+
+def autocast_enabled(device_type: str) -> bool:
+    """Autocast state for a device type (``is_autocast_enabled(device)`` is torch >= 2.4)."""
+    try:
+        return bool(torch.is_autocast_enabled(device_type))
+    except TypeError:
+        if device_type == "cpu":
+            return bool(torch.is_autocast_cpu_enabled())
+        return bool(torch.is_autocast_enabled())
+
+
+@dataclass
+class AutocastWitness:
+    """Whether any torch compute call ran with autocast on for a device type."""
+
+    device_type: str
+    seen: bool = False
+
+
+@contextmanager
+def witness_autocast(witness: AutocastWitness) -> Iterator[None]:
+    """Watch builtin calls (``sys.setprofile``) until one runs under autocast. The hook
+    leaves torch's dispatch untouched and removes itself at the first sighting."""
+    previous = sys.getprofile()
+
+    def hook(frame: FrameType, event: str, arg: Any) -> None:
+        if event != "c_call" or not is_compute_call(arg):
+            return
+        if autocast_enabled(witness.device_type):
+            witness.seen = True
+            sys.setprofile(previous)
+
+    sys.setprofile(hook)
+    try:
+        yield
+    finally:
+        sys.setprofile(previous)
+
+
+def no_autocast_flag(witness: AutocastWitness, precision: Precision) -> Flag | None:
+    if witness.seen or precision.is_reference or not MODES[precision.mode].autocast:
+        return None
+    return Flag(NO_AUTOCAST, "the mode enters torch.autocast, but no torch op ran with it on")
+
+
+def output_leaves(output: Any, prefix: str = "") -> dict[str, torch.Tensor]:
+    """A fix's output as named tensors: a tensor is one leaf (``""``); tuples, lists, dicts
+    and dataclasses are walked (``[0]``, ``.loss``, ``.grads.weight``)."""
+    if isinstance(output, torch.Tensor):
+        return {prefix or "output": output}
+    if is_dataclass(output) and not isinstance(output, type):
+        items: list[tuple[str, Any]] = [(f.name, getattr(output, f.name)) for f in fields(output)]
+        return _leaves_of(items, prefix, ".{}")
+    if isinstance(output, Mapping):
+        return _leaves_of([(str(k), v) for k, v in output.items()], prefix, ".{}")
+    if isinstance(output, (list, tuple)):
+        return _leaves_of(list(enumerate(output)), prefix, "[{}]")
+    raise TypeError(
+        f"a fix returned {type(output).__name__}{' at ' + prefix if prefix else ''}; "
+        "expected a tensor, or a tuple, list, dict or dataclass of tensors"
+    )
+
+
+def _leaves_of(items: list[tuple[Any, Any]], prefix: str, form: str) -> dict[str, torch.Tensor]:
+    leaves: dict[str, torch.Tensor] = {}
+    for key, value in items:
+        if value is None:
+            continue  # e.g. the gradient of a parameter that took no part
+        leaves.update(output_leaves(value, prefix + form.format(key)))
+    if not leaves:
+        raise TypeError(f"a fix returned no tensors{' at ' + prefix if prefix else ''}")
+    return leaves
