@@ -320,4 +320,6 @@ class DiaSdpaKvCache(Case):
     def fp32(self, w: Workload, ctx: RunContext) -> torch.Tensor:
         up = ctx.upcast_dtype
         model: DecoderSelfAttentionBlock = w.model.to(dtype=up)
-        return run_decoder(Workload(model=model, inputs={"x": w.inputs["x"].to(up)}), ctx, Variant())
+        return run_decoder(
+            Workload(model=model, inputs={"x": w.inputs["x"].to(up)}), ctx, Variant()
+        )

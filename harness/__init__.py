@@ -26,7 +26,15 @@ AUTHORING_API = {
     "register": "harness.registry",
 }
 
-__all__ = sorted(AUTHORING_API)
+__all__ = [
+    "Case",
+    "FailureSignature",
+    "RunContext",
+    "Upstream",
+    "Workload",
+    "fix",
+    "register",
+]
 
 
 def __getattr__(name: str) -> Any:

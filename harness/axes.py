@@ -31,7 +31,9 @@ MODES: dict[str, Mode] = {
     mode.name: mode
     for mode in (
         Mode("autocast", False, True, "fp32 weights and inputs, run under torch.autocast(dtype)"),
-        Mode("half", True, False, "weights and inputs cast to the dtype (model.half()), no autocast"),
+        Mode(
+            "half", True, False, "weights and inputs cast to the dtype (model.half()), no autocast"
+        ),
         Mode(
             "half-autocast",
             True,

@@ -12,10 +12,10 @@ from typing import Any
 from harness import storage
 from harness.axes import MODES
 from harness.case import Case
+from harness.config import RunConfig
 from harness.isolation import DEFAULT_TIMEOUT_S, Limits
 from harness.matrix import Selection, SelectionError
 from harness.registry import CaseContractError
-from harness.config import RunConfig
 from harness.run import discover_cases, resume, run
 from harness.speed import ALPHA, MIN_RATIO
 from harness.summary import render_summary

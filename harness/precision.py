@@ -136,15 +136,30 @@ def kept(name: str, keep: tuple[str, ...]) -> bool:
     return any(name == k or name.startswith(k + ".") for k in keep)
 
 
-def leftover_precision(model: Any, dtype: torch.dtype, keep: tuple[str, ...]) -> list[str]:
-    """Floating parameters and buffers of ``model`` that are not in ``dtype`` and were not
-    declared kept: ``name (float32)``."""
-    if isinstance(model, nn.Module):
-        named = [*model.named_parameters(), *model.named_buffers()]
-    elif isinstance(model, torch.Tensor):
-        named = [("model", model)]
-    else:
+def plain_tensor_attributes(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Tensors a module holds as plain attributes: ``module.to()`` does not move or cast them
+    (a classic way for float32 to survive ``model.half()``)."""
+    return [
+        (f"{prefix}.{attr}" if prefix else attr, value)
+        for prefix, module in model.named_modules()
+        for attr, value in vars(module).items()
+        if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter)
+    ]
+
+
+def named_tensors(model: Any) -> list[tuple[str, torch.Tensor]]:
+    """Every tensor a model holds: parameters, buffers and plain tensor attributes."""
+    if isinstance(model, torch.Tensor):
+        return [("model", model)]
+    if not isinstance(model, nn.Module):
         return []
+    return [*model.named_parameters(), *model.named_buffers(), *plain_tensor_attributes(model)]
+
+
+def leftover_precision(model: Any, dtype: torch.dtype, keep: tuple[str, ...]) -> list[str]:
+    """Floating tensors of ``model`` (parameters, buffers, plain tensor attributes) that are
+    not in ``dtype`` and were not declared kept: ``name (float32)``."""
+    named = named_tensors(model)
     return [
         f"{name} ({dtype_name(t.dtype)})"
         for name, t in named
@@ -254,7 +269,8 @@ def _leaves_of(items: list[tuple[Any, Any]], prefix: str, form: str) -> dict[str
     for key, value in items:
         if value is None:
             continue  # e.g. the gradient of a parameter that took no part
-        leaves.update(output_leaves(value, prefix + form.format(key)))
+        name = form.format(key)
+        leaves.update(output_leaves(value, prefix + name if prefix else name.lstrip(".")))
     if not leaves:
         raise TypeError(f"a fix returned no tensors{' at ' + prefix if prefix else ''}")
     return leaves

@@ -249,7 +249,9 @@ LABELS = (
     Label("raises:OTHER", "raises-other", "fails with a different, unexpected error"),
     Label("inaccurate", "inaccurate", "ran, but beyond tolerance, non-finite or misshapen"),
     Label("passes", "passes", "finite and within tolerance of the float64 reference"),
-    Label("crashed", "crashed", "no outcome: the process died, or the reference or harness failed"),
+    Label(
+        "crashed", "crashed", "no outcome: the process died, or the reference or harness failed"
+    ),
     Label("timeout", "timeout", "ran past its time limit"),
     Label("skipped", "skipped", "not possible in that environment"),
 )

@@ -114,10 +114,13 @@ def detail_lines(records: Sequence[CellRecord]) -> list[str]:
     worth_saying = [
         r
         for r in records
-        if r.flags
-        or r.outcome in (Outcome.CRASHED, Outcome.TIMEOUT)
-        or (r.outcome is Outcome.RAISES and not r.reproduces)
-        or r.baseline_error
+        if (
+            r.flags
+            or r.outcome in (Outcome.CRASHED, Outcome.TIMEOUT)
+            or (r.outcome is Outcome.RAISES and not r.reproduces)
+            or r.baseline_error
+        )
+        and failure_line(r)
     ]
     ran = [r for r in records if r.outcome is not Outcome.SKIPPED]
     show_device = len({r.cell.device for r in ran}) > 1

@@ -16,6 +16,7 @@ pytest_plugins = ["pytester"]
 FIXTURES = Path(__file__).parent / "fixtures"
 TOY_CASES = FIXTURES / "cases"
 BROKEN_CASES = FIXTURES / "broken_cases"
+CONTRACT_CASES = FIXTURES / "contract_cases"
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -42,16 +43,16 @@ def clean_registry() -> Iterator[None]:
     saved = dict(registry._REGISTRY)
     saved_modules = set(sys.modules)
     registry.clear()
-    execute.reference_output.cache_clear()
-    execute.baseline_rel_err.cache_clear()
+    execute.reference_leaves.cache_clear()
+    execute.baseline.cache_clear()
     yield
     registry.clear()
     registry._REGISTRY.update(saved)
     for name in set(sys.modules) - saved_modules:
         if name.startswith(("cases.", "ampmatrix_external_")):
             del sys.modules[name]
-    execute.reference_output.cache_clear()
-    execute.baseline_rel_err.cache_clear()
+    execute.reference_leaves.cache_clear()
+    execute.baseline.cache_clear()
 
 
 @pytest.fixture

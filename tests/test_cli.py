@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness import storage
-from harness.records import Outcome
+from harness.records import CrashKind, Outcome
 from tests.conftest import BROKEN_CASES, FIXTURES, TOY_CASES, harness, only_run_dir
 
 
@@ -98,13 +98,13 @@ def test_a_crashing_cell_costs_only_itself(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     records = {r.cell.fix: r for r in storage.read_records(only_run_dir(tmp_path))}
     assert records["abort"].outcome is Outcome.CRASHED
-    assert records["abort"].error_type == "ProcessDied"
+    assert records["abort"].crash_kind is CrashKind.PROCESS_DIED
     assert "signal 6 (SIGABRT)" in str(records["abort"].error_message)
     assert records["none"].outcome is Outcome.PASSES
-    # a crash while timing keeps what the correctness phase measured, with a note
+    # a crash while timing keeps what the correctness phase measured, with why timing failed
     when_timed = records["abort-when-timed"]
     assert when_timed.outcome is Outcome.PASSES and when_timed.numerics is not None
-    assert when_timed.perf is None and "timing crashed" in str(when_timed.note)
+    assert when_timed.perf is None and "died" in str(when_timed.timing_error)
 
 
 def test_seed_case_reproduces_through_the_cli(tmp_path: Path) -> None:

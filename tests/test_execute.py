@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from harness import execute
-from harness.records import Cell, Outcome
+from harness.records import Cell, CrashKind, Outcome
 
 
 def toy_cell(fix: str, dtype: str = "float16", mode: str = "half") -> Cell:
@@ -68,8 +68,10 @@ def test_same_cell_twice_gives_identical_figures(toy_registry: None) -> None:
 def test_skipped_and_crashed_records_carry_their_reason() -> None:
     cell = toy_cell("none")
     assert execute.skipped_record(cell, "why").skip_reason == "why"
-    crashed = execute.crashed_record(cell, "x" * 10_000, "gw1")
-    assert crashed.outcome is Outcome.CRASHED
+    crashed = execute.limit_record(
+        cell, Outcome.CRASHED, "WorkerDied", "x" * 10_000, "gw1", CrashKind.WORKER_DIED
+    )
+    assert crashed.outcome is Outcome.CRASHED and crashed.crash_kind is CrashKind.WORKER_DIED
     assert len(str(crashed.error_message)) == execute.MAX_MESSAGE
 
 
@@ -94,15 +96,15 @@ def test_a_seed_cell_run_twice_gives_bit_identical_output(cell: Cell) -> None:
     import torch
 
     from harness import registry
-    from harness.axes import dtype_of
-    from harness.case import RunContext
 
     registry.discover()
     case = registry.get(cell.case)
 
     def output() -> torch.Tensor:
-        ctx = RunContext(torch.device("cpu"), dtype_of(cell.dtype), cell.mode, cell.backend)
-        return execute.run_fix_once(case, cell.fix, ctx)
+        ctx = execute.context_for(case, cell.device, cell.dtype, cell.mode, cell.backend)
+        run = execute.run_fix_checked(case, cell.fix, ctx)
+        assert run.error is None and isinstance(run.output, torch.Tensor)
+        return run.output
 
     first, second = output(), output()
     assert first.dtype == second.dtype and torch.equal(first, second)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from harness import registry
-from harness.case import Case, FailureSignature, RunContext, Upstream, Workload, fix
+from harness.case import Case, FailureSignature, Upstream, Workload, fix
 from harness.registry import CaseContractError, register
 from tests.conftest import BROKEN_CASES, TOY_CASES
 
@@ -125,21 +125,3 @@ def test_module_registering_no_case_is_reported(clean_registry: None, tmp_path: 
     (tmp_path / "empty_case.py").write_text('"""Nothing here."""\n')
     with pytest.raises(CaseContractError, match="registers 0 cases, expected exactly one"):
         registry.discover([tmp_path])
-
-
-def test_run_context_dtypes_follow_the_mode() -> None:
-    cpu = torch.device("cpu")
-    half = RunContext(cpu, torch.float16, "half", "sdpa")
-    auto = RunContext(cpu, torch.bfloat16, "autocast", "sdpa")
-    ref = RunContext(cpu, torch.float64, "half", "sdpa")
-    assert (half.model_dtype, half.upcast_dtype) == (torch.float16, torch.float32)
-    assert (auto.model_dtype, auto.upcast_dtype) == (torch.float32, torch.float32)
-    assert (ref.model_dtype, ref.upcast_dtype, ref.is_reference) == (
-        torch.float64,
-        torch.float64,
-        True,
-    )
-    with auto.autocast():
-        assert torch.is_autocast_enabled("cpu")
-    with half.autocast():
-        assert not torch.is_autocast_enabled("cpu")

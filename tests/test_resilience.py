@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness import storage
-from harness.records import CellRecord, Outcome
+from harness.records import SCHEMA_VERSION, CellRecord, Outcome
 from tests.conftest import FIXTURES, ROOT, TOY_CASES, harness, only_run_dir
 
 CRASH_CASES = FIXTURES / "crash_cases"
@@ -185,4 +185,4 @@ def test_records_are_whole_lines_under_parallel_appends(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     lines = (only_run_dir(tmp_path) / storage.CELLS_FILE).read_text().splitlines()
-    assert all(json.loads(line)["schema_version"] == 1 for line in lines)
+    assert all(json.loads(line)["schema_version"] == SCHEMA_VERSION for line in lines)

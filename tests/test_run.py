@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from harness import run, storage
+from harness.config import RunConfig
 from harness.records import Cell, CellRecord, Outcome
 from harness.timing import ClockStopwatch, CudaEventStopwatch, stopwatch_for
 
@@ -56,8 +57,11 @@ def test_gpu_cells_are_grouped_per_device_in_the_correctness_phase(
     pytester: pytest.Pytester,
 ) -> None:
     cells = [ran("none", d).cell.to_dict() for d in ("cpu", "cuda:0", "cuda:1")]
+    storage.write_json_atomic(
+        pytester.path / storage.RUN_PLAN_FILE, {"config": RunConfig().to_dict(), "cells": cells}
+    )
     plan = pytester.path / storage.PLAN_FILE
-    plan.write_text(json.dumps({"run_dir": str(pytester.path), "cases_dirs": [], "cells": cells}))
+    plan.write_text(json.dumps({"run_dir": str(pytester.path), "cells": cells}))
     items, _ = pytester.inline_genitems(str(plan), "-p", "harness.pytest_plugin")
     groups = {item.name: [m.args[0] for m in item.iter_markers("xdist_group")] for item in items}
     assert groups == {

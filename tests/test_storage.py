@@ -95,7 +95,9 @@ def test_newer_schema_is_refused_naming_file_and_line(tmp_path: Path) -> None:
     newer = dict(RECORDS[0].to_dict(), schema_version=SCHEMA_VERSION + 1)
     with (run_dir / storage.CELLS_FILE).open("a") as f:
         f.write(json.dumps(newer) + "\n")
-    with pytest.raises(storage.ResultsError, match=r"cells.jsonl:2: schema_version 2"):
+    with pytest.raises(
+        storage.ResultsError, match=rf"cells.jsonl:2: schema_version {SCHEMA_VERSION + 1}"
+    ):
         storage.read_records(run_dir)
 
 

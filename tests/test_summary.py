@@ -13,16 +13,25 @@ def record(
     outcome: Outcome,
     reproduces: bool | None = None,
     backend: str = "sdpa",
+    error: tuple[str, str] | None = None,
 ) -> CellRecord:
     cell = Cell("case-a", fix, "cpu", dtype, mode, backend)
-    return CellRecord(cell, "2.13.0", outcome, reproduces=reproduces)
+    error_type, message = error or (None, None)
+    return CellRecord(
+        cell,
+        "2.13.0",
+        outcome,
+        reproduces=reproduces,
+        error_type=error_type,
+        error_message=message,
+    )
 
 
 def test_summary_table_rows_columns_and_counts() -> None:
     records = [
         record("cast", "bfloat16", "half", Outcome.PASSES),
         record("none", "bfloat16", "half", Outcome.RAISES, reproduces=True),
-        record("none", "float16", "half", Outcome.RAISES, reproduces=False),
+        record("none", "float16", "half", Outcome.RAISES, False, error=("TypeError", "boom")),
         record("none", "float32", "fp32", Outcome.PASSES),
         record("cast", "float16", "half", Outcome.INACCURATE),
         CellRecord(
@@ -37,6 +46,7 @@ def test_summary_table_rows_columns_and_counts() -> None:
         "  fix   float16/half  bfloat16/half  float32/fp32",
         "  none  raises:OTHER  raises:repro   passes",
         "  cast  inaccurate    passes         -",
+        "  ! none float16/half: TypeError: boom",
         "",
         "outcomes: 1 inaccurate, 2 passes, 2 raises, 1 skipped",
         "     1 skipped: no CUDA device visible",

@@ -15,7 +15,7 @@ import pandas as pd
 
 from harness import storage
 from harness.axes import DTYPES, MODE_NAMES, rank
-from harness.records import LABEL_ORDER, CellRecord, Outcome, base_label, outcome_label
+from harness.records import CellRecord, Outcome, base_label, outcome_label
 from harness.speed import SpeedRatios, record_key, speed_ratios
 from harness.summary import failure_line
 from harness.versions import version_key

@@ -36,6 +36,8 @@ def css_for(label: str) -> str:
     too, so it never looks like a plain pass."""
     base, _, flags = label.partition("[")
     return CSS_CLASS.get(base, "missing") + (" flagged" if flags else "")
+
+
 ISSUE_REF = re.compile(r"^(?P<repo>[\w.-]+/[\w.-]+)#(?P<number>\d+)$")
 
 

@@ -1,0 +1,201 @@
+"""The harness applies each cell's precision and checks that it took (harness.precision)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from harness import execute, registry, storage
+from harness.case import Workload
+from harness.precision import (
+    NO_AUTOCAST,
+    NOT_HALF,
+    AutocastWitness,
+    Precision,
+    leftover_precision,
+    output_leaves,
+    witness_autocast,
+)
+from harness.records import Cell, CellRecord, CrashKind, Outcome, outcome_label
+from tests.conftest import CONTRACT_CASES, harness, only_run_dir
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    ("dtype", "mode", "compute", "autocast"),
+    [
+        (torch.float16, "half", torch.float16, False),
+        (torch.bfloat16, "autocast", torch.float32, True),
+        (torch.bfloat16, "half-autocast", torch.bfloat16, True),
+        (torch.float32, "fp32", torch.float32, False),
+        (torch.float64, "half", torch.float64, False),  # the reference
+        (torch.float64, "autocast", torch.float64, False),
+    ],
+)
+def test_each_mode_says_what_it_applies(
+    dtype: torch.dtype, mode: str, compute: torch.dtype, autocast: bool
+) -> None:
+    precision = Precision(CPU, dtype, mode)
+    assert (precision.compute_dtype, precision.uses_autocast) == (compute, autocast)
+
+
+def test_a_case_managing_its_precision_gets_float32_and_no_autocast() -> None:
+    managed = Precision(CPU, torch.bfloat16, "half-autocast", managed_by_case=True)
+    assert managed.compute_dtype == torch.float32
+    assert Precision(CPU, torch.float64, "half", managed_by_case=True).compute_dtype == (
+        torch.float64
+    )
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.norm = nn.LayerNorm(4)
+        self.gate = nn.Parameter(torch.ones(4))
+
+
+def test_half_casts_model_and_inputs_except_what_the_case_keeps(toy_registry: None) -> None:
+    case = registry.get("toy-mixed-matmul")
+    case.keep_fp32 = ("norm", "gate")  # type: ignore[misc]
+    ctx = execute.context_for(case, "cpu", "bfloat16", "half", "eager")
+    inputs = {"x": torch.randn(2, 4), "ids": torch.arange(3), "steps": [torch.randn(2)], "n": 3}
+    w = execute.apply_precision(Workload(Block(), inputs), case, ctx)
+    assert w.model.proj.weight.dtype == torch.bfloat16
+    assert w.model.norm.weight.dtype == torch.float32 and w.model.gate.dtype == torch.float32
+    assert w.inputs["x"].dtype == torch.bfloat16 and w.inputs["steps"][0].dtype == torch.bfloat16
+    assert w.inputs["ids"].dtype == torch.int64 and w.inputs["n"] == 3
+    reference = execute.context_for(case, "cpu", "float64", "half", "eager")
+    w64 = execute.apply_precision(Workload(Block(), inputs), case, reference)
+    assert {p.dtype for p in w64.model.parameters()} == {torch.float64}
+
+
+def test_autocast_mode_leaves_float32_weights(toy_registry: None) -> None:
+    case = registry.get("toy-mixed-matmul")
+    ctx = execute.context_for(case, "cpu", "float16", "autocast", "eager")
+    w = execute.apply_precision(Workload(Block(), {"x": torch.randn(2, 4)}), case, ctx)
+    assert {p.dtype for p in w.model.parameters()} == {torch.float32}
+
+
+def test_keeping_a_part_the_model_lacks_is_an_error(toy_registry: None) -> None:
+    case = registry.get("toy-mixed-matmul")
+    case.keep_fp32 = ("nrom",)  # type: ignore[misc]
+    ctx = execute.context_for(case, "cpu", "float16", "half", "eager")
+    with pytest.raises(AttributeError, match="keep_fp32 names 'nrom'"):
+        execute.apply_precision(Workload(Block()), case, ctx)
+
+
+def test_the_autocast_witness_sees_ops_under_autocast_only() -> None:
+    layer, x = nn.Linear(4, 4), torch.randn(2, 4)
+    inside, outside, switched_off = (AutocastWitness("cpu") for _ in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with witness_autocast(inside):
+            layer(x)
+        with witness_autocast(switched_off), torch.autocast("cpu", enabled=False):
+            layer(x)
+    with witness_autocast(outside):
+        layer(x)
+    assert (inside.seen, outside.seen, switched_off.seen) == (True, False, False)
+
+
+def test_leftovers_include_plain_tensor_attributes_and_skip_kept_parts() -> None:
+    block = Block().to(torch.float16)
+    block.cache = torch.zeros(2)  # a plain attribute: .to() never casts it
+    block.norm.float()
+    assert leftover_precision(block, torch.float16, keep=("norm",)) == ["cache (float32)"]
+
+
+@dataclass
+class Pair:
+    first: torch.Tensor
+    second: torch.Tensor | None
+
+
+def test_outputs_are_compared_leaf_by_leaf() -> None:
+    t = torch.ones(2)
+    assert list(output_leaves(t)) == ["output"]
+    assert list(output_leaves((t, t))) == ["[0]", "[1]"]
+    assert list(output_leaves({"loss": t, "grads": {"w": t}})) == ["loss", "grads.w"]
+    assert list(output_leaves(Pair(t, None))) == ["first"]
+    with pytest.raises(TypeError, match="returned str"):
+        output_leaves({"bad": "x"})
+
+
+@pytest.fixture
+def contract_registry(clean_registry: None) -> None:
+    registry.discover([CONTRACT_CASES])
+
+
+def run(case: str, fix: str, dtype: str, mode: str) -> CellRecord:
+    return execute.run_cell(Cell(case, fix, "cpu", dtype, mode, "eager"))
+
+
+def test_a_case_that_forgets_autocast_is_flagged(contract_registry: None) -> None:
+    forgot = run("toy-self-managed", "none", "bfloat16", "autocast")
+    assert forgot.outcome is Outcome.PASSES and [f.kind for f in forgot.flags] == [NO_AUTOCAST]
+    assert outcome_label(forgot) == "passes[no-autocast]"
+    assert not run("toy-self-managed", "enters-autocast", "bfloat16", "autocast").flags
+    assert not run("toy-self-managed", "none", "float32", "fp32").flags
+
+
+def test_a_forgotten_cast_is_flagged(contract_registry: None) -> None:
+    half = run("toy-plain-attribute", "none", "bfloat16", "half")
+    assert [f.kind for f in half.flags] == [NOT_HALF] and "scale (float32)" in half.flags[0].detail
+    assert outcome_label(half) == "passes[not-half]"
+    assert not run("toy-plain-attribute", "none", "float32", "fp32").flags
+
+
+@pytest.mark.parametrize("mode", ["half", "autocast"])
+def test_a_training_step_passes_leaf_by_leaf_and_is_rerunnable(
+    contract_registry: None, mode: str
+) -> None:
+    record = run("toy-training-step", "as-dict", "bfloat16", mode)
+    assert record.outcome is Outcome.PASSES and not record.flags
+    assert record.numerics is not None
+    assert record.numerics.leaf in ("loss", "head_grad", "updated_head")
+    timed = execute.checked_call(record)
+    assert isinstance(timed, execute.TimedCall) and timed.record.note is None
+
+
+def test_failures_show_the_real_error_and_the_case_frames(contract_registry: None) -> None:
+    contract = run("toy-failures", "none", "float16", "half")
+    assert contract.crash_kind is CrashKind.CONTRACT and contract.error_type == "TypeError"
+    no_reference = run("toy-failures", "returns-model", "float16", "half")
+    assert no_reference.outcome is Outcome.CRASHED
+    assert no_reference.crash_kind is CrashKind.REFERENCE_FAILED
+    assert no_reference.error_type == "ValueError"
+    assert no_reference.error_message == "expected 3 features, got 4"
+    assert no_reference.error_frames[-1].endswith("toy_failures.py:13 in check_shape")
+
+
+def test_the_terminal_names_flags_and_errors(tmp_path: Path) -> None:
+    mine = "toy-failures,toy-plain-attribute,toy-self-managed,toy-training-step"
+    result = harness(
+        "run",
+        "--cases-dir",
+        str(CONTRACT_CASES),
+        "--case",
+        mine,
+        "--no-timing",
+        "-n",
+        "2",
+        "--out",
+        str(tmp_path),
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "toy-self-managed[none,cpu,bfloat16,autocast,eager]  passes[no-autocast]" in out
+    assert "! none bfloat16/autocast: no-autocast:" in out
+    assert "! none bfloat16/half: not-half: after the fix the model holds scale (float32)" in out
+    assert (
+        "reference-failed: ValueError: expected 3 features, got 4 "
+        "(at tests/fixtures/contract_cases/toy_failures.py:13 in check_shape)" in out
+    )
+    assert "Traceback" not in out and "longrepr" not in out
+    records = storage.read_records(only_run_dir(tmp_path))
+    assert {r.cell.case for r in records} == set(mine.split(","))
