@@ -26,13 +26,14 @@ from torch.utils import benchmark
 
 from harness import execute, registry, storage
 from harness.records import CellRecord
+from harness.records import Column as CellColumn
 from harness.speed import TIE_RATIO, median_of, rank_with_ties, significantly_faster
 from harness.timing import TimingConfig, measure
 
 ROOT = Path(__file__).resolve().parent.parent
 SDPA_SHAPE = (4, 8, 256, 64)
 AGREEMENT = 0.05
-ColumnKey = tuple[str, str, str, str]
+ColumnKey = CellColumn
 
 
 def sdpa_call() -> tuple[Callable[[], torch.Tensor], dict[str, torch.Tensor]]:
@@ -104,8 +105,7 @@ def overhead_per_cell(run_dir: Path) -> None:
 
 
 def column_key(record: CellRecord) -> ColumnKey:
-    cell = record.cell
-    return cell.case, cell.device, cell.dtype, cell.mode
+    return record.cell.column
 
 
 Column = dict[str, CellRecord]
@@ -169,7 +169,7 @@ def ranking_repeatability(run_dirs: Sequence[Path]) -> None:
         bad = reversals(runs)
         consistent += not bad
         verdict = "same order" if not bad else "REVERSED " + ", ".join(f"{a}/{b}" for a, b in bad)
-        print(f"   {'/'.join(key)}: {verdict}")
+        print(f"   {key.id}: {verdict}")
         for n, column in enumerate(runs, start=1):
             print(f"      run {n}: {describe(column)}")
     print(f"   {consistent} of {len(per_run[0])} columns ranked in the same order in every run\n")

@@ -276,8 +276,8 @@ class DiaSdpaKvCache(Case):
     keep_fp32 = ("pre_sa_norm", "self_attention.rotary_emb")
 
     def build(self, ctx: RunContext) -> Workload:
-        x = torch.randn(BATCH, PREFILL + DECODE, EMBED_DIM)
-        return Workload(model=DecoderSelfAttentionBlock().eval(), inputs={"x": x})
+        model = DecoderSelfAttentionBlock().eval()
+        return Workload(model=model, inputs={"x": torch.randn(BATCH, PREFILL + DECODE, EMBED_DIM)})
 
     @fix("none", rationale="upstream d4790dd: fp32 pre_sa_norm, KV cache in compute_dtype")
     def none(self, w: Workload, ctx: RunContext) -> torch.Tensor:

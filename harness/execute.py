@@ -28,10 +28,10 @@ from harness.perf import perf_figures
 from harness.precision import (
     AutocastWitness,
     autocast_region,
+    cast_model,
     cast_tensors,
     dtype_name,
     dtype_of,
-    keep_in_fp32,
     no_autocast_flag,
     not_half_flag,
     output_leaves,
@@ -66,25 +66,31 @@ def reference_backend(case: Case) -> str:
     return next((b for b in REFERENCE_BACKENDS if b in case.backends), case.backends[0])
 
 
-def context_for(
-    case: Case, device: str, dtype: str, mode: str, backend: str, observe: bool = True
-) -> RunContext:
+def context_for(case: Case, cell: Cell, observe: bool = True) -> RunContext:
+    """What the fix sees of its cell (a ``float64`` cell is the reference)."""
     return RunContext(
-        torch.device(device),
-        dtype_of(dtype),
-        mode,
-        backend,
+        torch.device(cell.device),
+        dtype_of(cell.dtype),
+        cell.mode,
+        cell.backend,
         observe=observe,
         managed_by_case=case.manages_precision,
     )
 
 
+def plain_cell(case: Case, dtype: str) -> Cell:
+    """The reference fix run plainly on the CPU (mode ``half``): in float64 it is the
+    reference, in a low-precision dtype the baseline."""
+    return Cell(case.name, case.reference_fix, "cpu", dtype, "half", reference_backend(case))
+
+
 def apply_precision(workload: Workload, case: Case, ctx: RunContext) -> Workload:
     """The cell's device and precision put on a float32 workload (see harness.precision)."""
     precision = ctx.precision
-    model = cast_tensors(workload.model, precision.device, precision.compute_dtype)
-    if precision.casts_model and not precision.managed_by_case:
-        keep_in_fp32(model, case.keep_fp32, precision.upcast_dtype)
+    keep = case.keep_fp32 if precision.casts_model and not precision.managed_by_case else ()
+    model = cast_model(
+        workload.model, precision.device, precision.compute_dtype, keep, precision.upcast_dtype
+    )
     inputs = cast_tensors(workload.inputs, precision.device, precision.compute_dtype)
     return Workload(model=model, inputs=inputs)
 
@@ -147,7 +153,7 @@ def float64_leaves(output: Any) -> Leaves:
 def reference_leaves(case_name: str) -> Leaves:
     """The case's reference fix in float64 on the CPU, as named float64 leaves."""
     case = registry.get(case_name)
-    ctx = context_for(case, "cpu", "float64", "half", reference_backend(case))
+    ctx = context_for(case, plain_cell(case, "float64"))
     run = run_fix_checked(case, case.reference_fix, ctx)
     if run.error is not None:
         raise ReferenceFailed(run.error)
@@ -166,7 +172,7 @@ class Baseline:
 def baseline(case_name: str, dtype: str) -> Baseline:
     """Error of a plain low-precision computation (reference fix, mode half, CPU)."""
     case = registry.get(case_name)
-    ctx = context_for(case, "cpu", dtype, "half", reference_backend(case))
+    ctx = context_for(case, plain_cell(case, dtype))
     run = run_fix_checked(case, case.reference_fix, ctx)
     if run.error is not None:
         return Baseline({}, f"{type(run.error).__name__}: {run.error}"[:MAX_MESSAGE])
@@ -286,7 +292,7 @@ def run_cell(cell: Cell, worker: str | None = None) -> CellRecord:
         note=CONTRACT_NOTE if cell.backend == "flash-attn-contract" else None,
         worker=worker,
     )
-    ctx = context_for(case, cell.device, cell.dtype, cell.mode, cell.backend)
+    ctx = context_for(case, cell)
     try:
         run = run_fix_checked(case, cell.fix, ctx)
         record = replace(record, attn_dtype=ctx.observation.summary())
@@ -342,7 +348,7 @@ def prepare_call(cell: Cell) -> tuple[Callable[[], Any], torch.device]:
     device = torch.device(cell.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    ctx = context_for(case, cell.device, cell.dtype, cell.mode, cell.backend, observe=False)
+    ctx = context_for(case, cell, observe=False)
     workload = prepared_workload(case, ctx)
     return (lambda: call_fix(case, cell.fix, workload, ctx)), device
 

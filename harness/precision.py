@@ -107,18 +107,33 @@ def cast_tensors(value: Any, device: torch.device, dtype: torch.dtype) -> Any:
     return value
 
 
-def keep_in_fp32(model: Any, names: tuple[str, ...], dtype: torch.dtype) -> None:
-    """Put the declared modules, parameters or buffers of ``model`` back in ``dtype``."""
-    if not names:
-        return
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"keep_fp32 {names} needs the workload's model to be an nn.Module")
-    for name in names:
-        part = find_part(model, name)
-        if isinstance(part, nn.Module):
-            part.to(dtype=dtype)
+def cast_model(
+    model: Any, device: torch.device, dtype: torch.dtype, keep: tuple[str, ...], kept: torch.dtype
+) -> Any:
+    """The model moved and cast to ``dtype``; the parts named in ``keep`` go straight to
+    ``kept`` (their float32 values never take a round trip through half)."""
+    if keep and not isinstance(model, nn.Module):
+        raise TypeError(f"keep_fp32 {keep} needs the workload's model to be an nn.Module")
+    saved = kept_state(model, keep) if keep else {}
+    model = cast_tensors(model, device, dtype)
+    for name, data in saved.items():
+        owner_name, _, attr = name.rpartition(".")
+        owner = model.get_submodule(owner_name)
+        value = data.to(device=device, dtype=kept if data.is_floating_point() else data.dtype)
+        if attr in owner._parameters:
+            owner._parameters[attr].data = value
         else:
-            part.data = part.data.to(dtype)
+            owner._buffers[attr] = value
+    return model
+
+
+def kept_state(model: nn.Module, keep: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """Copies of the parameters and buffers that ``keep`` names (by themselves or through a
+    module), checking that every name exists."""
+    for name in keep:
+        find_part(model, name)
+    named = [*model.named_parameters(), *model.named_buffers()]
+    return {name: t.detach().clone() for name, t in named if is_kept(name, keep)}
 
 
 def find_part(model: nn.Module, name: str) -> nn.Module | torch.Tensor:
@@ -132,7 +147,7 @@ def find_part(model: nn.Module, name: str) -> nn.Module | torch.Tensor:
     raise AttributeError(f"keep_fp32 names {name!r}, which the model does not have")
 
 
-def kept(name: str, keep: tuple[str, ...]) -> bool:
+def is_kept(name: str, keep: tuple[str, ...]) -> bool:
     return any(name == k or name.startswith(k + ".") for k in keep)
 
 
@@ -163,7 +178,7 @@ def leftover_precision(model: Any, dtype: torch.dtype, keep: tuple[str, ...]) ->
     return [
         f"{name} ({dtype_name(t.dtype)})"
         for name, t in named
-        if t.is_floating_point() and t.dtype != dtype and not kept(name, keep)
+        if t.is_floating_point() and t.dtype != dtype and not is_kept(name, keep)
     ]
 
 

@@ -243,9 +243,10 @@ class Label:
     meaning: str
 
 
+REPRODUCES = "raises:repro"
 #: Every outcome label, in the order tables and legends list them.
 LABELS = (
-    Label("raises:repro", "raises-repro", "fails with the case's known error (it reproduces)"),
+    Label(REPRODUCES, "raises-repro", "fails with the case's known error (it reproduces)"),
     Label("raises:OTHER", "raises-other", "fails with a different, unexpected error"),
     Label("inaccurate", "inaccurate", "ran, but beyond tolerance, non-finite or misshapen"),
     Label("passes", "passes", "finite and within tolerance of the float64 reference"),
@@ -255,13 +256,12 @@ LABELS = (
     Label("timeout", "timeout", "ran past its time limit"),
     Label("skipped", "skipped", "not possible in that environment"),
 )
-LABEL_ORDER = tuple(label.text for label in LABELS)
 
 
 def base_label(record: CellRecord) -> str:
     """The outcome's label without flags: ``raises:repro``, ``passes``, ..."""
     if record.outcome is Outcome.RAISES:
-        return "raises:repro" if record.reproduces else "raises:OTHER"
+        return REPRODUCES if record.reproduces else "raises:OTHER"
     return record.outcome.value
 
 

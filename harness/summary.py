@@ -6,23 +6,24 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
 from harness.axes import DTYPES, MODE_NAMES, MODES, rank
-from harness.records import CellRecord, Outcome, outcome_label
+from harness.records import LABELS, CellRecord, Outcome, outcome_label
 from harness.speed import RecordKey, SpeedRatios, record_key, speed_ratios
 
 SPEED_LEGEND = (
     " (c: ratio to the case's fp32 control, f: to the fastest passing fix of the column, ~: noisy)"
 )
-LEGEND = (
-    "raises:repro = fails with the case's known error; raises:OTHER = a different error; "
-    "inaccurate = ran but beyond tolerance or non-finite; [flag] = the cell's precision mode "
-    "was not applied as promised (listed under the table)"
+LEGEND = "; ".join(
+    [
+        *(f"{label.text} = {label.meaning}" for label in LABELS[:4]),
+        "[flag] = the cell's precision mode was not applied as promised (listed under the table)",
+    ]
 )
 MODES_LEGEND = "modes: " + "; ".join(f"{m.name} = {m.meaning}" for m in MODES.values())
 
 
 def column_key(record: CellRecord, show_device: bool) -> tuple[str, ...]:
-    cell = record.cell
-    return ((cell.device,) if show_device else ()) + (cell.dtype, cell.mode)
+    column = record.cell.column
+    return ((column.device,) if show_device else ()) + (column.dtype, column.mode)
 
 
 def column_order(key: tuple[str, ...]) -> tuple[object, ...]:

@@ -101,7 +101,7 @@ def test_a_seed_cell_run_twice_gives_bit_identical_output(cell: Cell) -> None:
     case = registry.get(cell.case)
 
     def output() -> torch.Tensor:
-        ctx = execute.context_for(case, cell.device, cell.dtype, cell.mode, cell.backend)
+        ctx = execute.context_for(case, cell)
         run = execute.run_fix_checked(case, cell.fix, ctx)
         assert run.error is None and isinstance(run.output, torch.Tensor)
         return run.output

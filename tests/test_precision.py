@@ -63,21 +63,23 @@ class Block(nn.Module):
 def test_half_casts_model_and_inputs_except_what_the_case_keeps(toy_registry: None) -> None:
     case = registry.get("toy-mixed-matmul")
     case.keep_fp32 = ("norm", "gate")  # type: ignore[misc]
-    ctx = execute.context_for(case, "cpu", "bfloat16", "half", "eager")
+    ctx = execute.context_for(case, Cell(case.name, "none", "cpu", "bfloat16", "half", "eager"))
     inputs = {"x": torch.randn(2, 4), "ids": torch.arange(3), "steps": [torch.randn(2)], "n": 3}
     w = execute.apply_precision(Workload(Block(), inputs), case, ctx)
     assert w.model.proj.weight.dtype == torch.bfloat16
     assert w.model.norm.weight.dtype == torch.float32 and w.model.gate.dtype == torch.float32
     assert w.inputs["x"].dtype == torch.bfloat16 and w.inputs["steps"][0].dtype == torch.bfloat16
     assert w.inputs["ids"].dtype == torch.int64 and w.inputs["n"] == 3
-    reference = execute.context_for(case, "cpu", "float64", "half", "eager")
+    reference = execute.context_for(
+        case, Cell(case.name, "none", "cpu", "float64", "half", "eager")
+    )
     w64 = execute.apply_precision(Workload(Block(), inputs), case, reference)
     assert {p.dtype for p in w64.model.parameters()} == {torch.float64}
 
 
 def test_autocast_mode_leaves_float32_weights(toy_registry: None) -> None:
     case = registry.get("toy-mixed-matmul")
-    ctx = execute.context_for(case, "cpu", "float16", "autocast", "eager")
+    ctx = execute.context_for(case, Cell(case.name, "none", "cpu", "float16", "autocast", "eager"))
     w = execute.apply_precision(Workload(Block(), {"x": torch.randn(2, 4)}), case, ctx)
     assert {p.dtype for p in w.model.parameters()} == {torch.float32}
 
@@ -85,7 +87,7 @@ def test_autocast_mode_leaves_float32_weights(toy_registry: None) -> None:
 def test_keeping_a_part_the_model_lacks_is_an_error(toy_registry: None) -> None:
     case = registry.get("toy-mixed-matmul")
     case.keep_fp32 = ("nrom",)  # type: ignore[misc]
-    ctx = execute.context_for(case, "cpu", "float16", "half", "eager")
+    ctx = execute.context_for(case, Cell(case.name, "none", "cpu", "float16", "half", "eager"))
     with pytest.raises(AttributeError, match="keep_fp32 names 'nrom'"):
         execute.apply_precision(Workload(Block()), case, ctx)
 

@@ -15,7 +15,7 @@ import pandas as pd
 
 from harness import storage
 from harness.axes import DTYPES, MODE_NAMES, rank
-from harness.records import CellRecord, Outcome, base_label, outcome_label
+from harness.records import REPRODUCES, CellRecord, Outcome, base_label, outcome_label
 from harness.speed import SpeedRatios, record_key, speed_ratios
 from harness.summary import failure_line
 from harness.versions import version_key
@@ -162,7 +162,7 @@ def version_view(frame: pd.DataFrame) -> pd.DataFrame:
 def _reproduction_text(cells: pd.DataFrame) -> str:
     if cells.empty:
         return "not run"
-    repro = cells[cells["base_label"] == "raises:repro"]
+    repro = cells[cells["base_label"] == REPRODUCES]
     if repro.empty:
         return "does not reproduce"
     where = sorted(
