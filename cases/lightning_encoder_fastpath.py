@@ -101,8 +101,7 @@ def fastpath_disabled() -> Iterator[None]:
 
 
 def encode(encoder: nn.TransformerEncoder, src: torch.Tensor, ctx: RunContext) -> torch.Tensor:
-    """Inference as in #132613 (the harness runs it under no_grad and the cell's autocast),
-    the attention recorded where that leaves the path alone."""
+    """Inference as in #132613, the attention recorded where that leaves the path alone."""
     with record_self_attention(encoder, ctx):
         out: torch.Tensor = encoder(src)
     return out

@@ -10,10 +10,8 @@ takes the native fast path that torch 2.4.1 does not autocast correctly on the C
 into ``bf16-mixed`` by Lightning's accelerator connector.
 
 Lightning is imported lazily, so the module imports (and the harness skips the case) where it
-is not installed. The Trainer manages precision (``manages_precision``): the harness hands the
-fixes the float32 encoder (float64 for the reference) and applies neither cast nor autocast.
-The float64 reference is the ``half-true`` fix, which runs a real Trainer with
-``precision="64-true"`` there.
+is not installed. The Trainer's ``precision=`` applies the cell's precision (the case
+``manages_precision``); the float64 reference is ``half-true`` with ``precision="64-true"``.
 """
 
 from __future__ import annotations
@@ -133,8 +131,7 @@ class LightningTrainerValidate(Case):
     modes = ("autocast", "fp32")
     backends = ("sdpa",)
     requires = ("lightning",)
-    #: The Trainer's ``precision=`` casts and enters autocast, as upstream.
-    manages_precision = True
+    manages_precision = True  # the Trainer's precision= casts and enters autocast
 
     def build(self, ctx: RunContext) -> Workload:
         return encoder_workload()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,7 +12,7 @@ import torch
 from torch import nn
 
 from harness import execute, registry, storage
-from harness.case import Workload
+from harness.case import Case, Workload
 from harness.precision import (
     NO_AUTOCAST,
     NOT_HALF,
@@ -21,7 +23,7 @@ from harness.precision import (
     witness_autocast,
 )
 from harness.records import Cell, CellRecord, CrashKind, Outcome, outcome_label
-from tests.conftest import CONTRACT_CASES, harness, only_run_dir
+from tests.conftest import CONTRACT_CASES, ROOT, harness, only_run_dir
 
 CPU = torch.device("cpu")
 
@@ -201,3 +203,54 @@ def test_the_terminal_names_flags_and_errors(tmp_path: Path) -> None:
     assert "Traceback" not in out and "longrepr" not in out
     records = storage.read_records(only_run_dir(tmp_path))
     assert {r.cell.case for r in records} == set(mine.split(","))
+
+
+def test_the_guide_shows_its_example_and_the_example_runs(tmp_path: Path) -> None:
+    example = ROOT / "docs" / "examples" / "fp32_norm_weight.py"
+    assert (
+        f"```python\n{example.read_text()}```" in (ROOT / "docs" / "writing-a-case.md").read_text()
+    )
+    result = harness(
+        "run",
+        "--cases-dir",
+        str(example.parent),
+        "--case",
+        "guide-fp32-norm-weight",
+        "--device",
+        "cpu",
+        "--no-timing",
+        "-n",
+        "0",
+        "--out",
+        str(tmp_path),
+    )
+    assert result.returncode == 0, result.stderr
+    labels = {
+        (r.cell.fix, r.cell.mode): outcome_label(r)
+        for r in storage.read_records(only_run_dir(tmp_path))
+        if r.cell.dtype == "bfloat16"
+    }
+    assert labels == {
+        ("none", "half"): "raises:repro",
+        ("none", "half-autocast"): "passes",
+        ("none", "autocast"): "passes",
+        ("cast-back", "half"): "passes",
+        ("cast-back", "half-autocast"): "passes",
+        ("cast-back", "autocast"): "passes",
+    }
+
+
+def test_the_report_package_never_imports_torch() -> None:
+    code = (
+        "import sys, harness.report.render, harness.report.aggregate, harness.report.compare\n"
+        "from harness import storage, summary, versions, speed\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_authoring_api_is_importable_from_harness() -> None:
+    import harness
+
+    assert harness.Case is Case and harness.Workload is Workload and callable(harness.register)

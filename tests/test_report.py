@@ -3,6 +3,7 @@ report's escaping, tolerance of bad input, and a look at it in a real browser.""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness import storage
+from harness.records import Flag
 from harness.report import aggregate
 from harness.report.compare import compare_runs, render_comparison
 from harness.report.render import render_report, write_report
@@ -210,3 +212,19 @@ def test_report_opens_in_headless_chromium_without_console_errors(tmp_path: Path
         timeout=120,
     ).stdout
     assert 'id="summary-matrix"' in dom and dom.count("data:image/png;base64,") == 2
+
+
+def test_a_flagged_cell_is_shown_flagged_and_never_recommended(tmp_path: Path) -> None:
+    run = tmp_path / "flagged"
+    shutil.copytree(NEW, run)
+    records = storage.read_records(run)
+    target = next(r for r in records if r.cell.fix == "fp32-then-cast" and r.perf)
+    flag = Flag("no-autocast", "the mode enters torch.autocast, but no torch op ran with it on")
+    storage.append_record(run, dataclasses.replace(target, flags=(flag,)))
+    frame = aggregate.records_frame(aggregate.load_runs([run]))
+    assert "fp32-then-cast" not in aggregate.fixes_passing_everywhere(
+        frame[frame["case"] == target.cell.case]
+    )
+    html = render_report(aggregate.load_runs([run]))
+    assert 'class="o passes flagged">passes[no-autocast]<' in html
+    assert "no-autocast: the mode enters torch.autocast" in html

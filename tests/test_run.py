@@ -87,3 +87,14 @@ def test_measured_peaks_collect_per_device_and_dtype() -> None:
         [with_peak(ran("a", "cpu"), 5.0), with_peak(ran("a", "cpu", "bfloat16"), 7.0)]
     )
     assert peaks == {"cpu": {"float16": 5.0, "bfloat16": 7.0}}
+
+
+def test_a_crash_is_described_by_pytests_message_not_its_report_objects() -> None:
+    from types import SimpleNamespace
+
+    from harness.pytest_plugin import crash_message
+
+    crash = SimpleNamespace(message="worker 'gw0' crashed while running 'cell'")
+    report = SimpleNamespace(longrepr=SimpleNamespace(reprcrash=crash))
+    assert crash_message(report) == "worker 'gw0' crashed while running 'cell'"  # type: ignore[arg-type]
+    assert crash_message(SimpleNamespace(longrepr="plain text")) == "plain text"  # type: ignore[arg-type]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness import storage
-from harness.records import SCHEMA_VERSION, Cell, CellRecord, Numerics, Outcome
+from harness.records import SCHEMA_VERSION, Cell, CellRecord, CrashKind, Numerics, Outcome
 
 CELL = Cell("case-a", "none", "cpu", "float16", "half", "sdpa")
 RECORDS = [
@@ -115,3 +115,18 @@ def test_truncated_line_is_reported_with_its_number(tmp_path: Path) -> None:
 def test_missing_env_is_reported(tmp_path: Path) -> None:
     with pytest.raises(storage.ResultsError, match=r"env\.json: missing"):
         storage.read_env(tmp_path)
+
+
+def test_a_schema_1_record_is_migrated_to_typed_fields() -> None:
+    timed_failure = dict(
+        RECORDS[1].to_dict(),
+        schema_version=1,
+        note="flash-attn-contract: ...; timing failed: RuntimeError: boom",
+    )
+    for key in ("flags", "error_frames", "crash_kind", "timing_error", "baseline_error"):
+        timed_failure.pop(key)
+    migrated = CellRecord.from_dict(timed_failure)
+    assert migrated.timing_error == "RuntimeError: boom"
+    assert migrated.note == "flash-attn-contract: ..." and migrated.flags == ()
+    crashed = dict(timed_failure, outcome="crashed", error_type="ProcessDied", note=None)
+    assert CellRecord.from_dict(crashed).crash_kind is CrashKind.PROCESS_DIED
