@@ -116,7 +116,7 @@ def timed_columns(run_dir: Path) -> dict[ColumnKey, Column]:
     columns: dict[ColumnKey, Column] = defaultdict(dict)
     for record in storage.read_records(run_dir):
         if record.perf:
-            columns[column_key(record)][f"{record.cell.fix}[{record.cell.backend}]"] = record
+            columns[column_key(record)][record.cell.fix_and_backend] = record
     return {key: column for key, column in columns.items() if len(column) > 1}
 
 

@@ -42,6 +42,11 @@ class Cell:
         return f"{self.case}[{self.fix},{self.device},{self.dtype},{self.mode},{self.backend}]"
 
     @property
+    def fix_and_backend(self) -> str:
+        """A row label for tables whose case ran several backends: ``fix [backend]``."""
+        return f"{self.fix} [{self.backend}]"
+
+    @property
     def column(self) -> Column:
         """The cells compared side by side (timed together, ranked against each other)."""
         return Column(self.case, self.device, self.dtype, self.mode)

@@ -32,7 +32,7 @@ def column_order(key: tuple[str, ...]) -> tuple[object, ...]:
 
 
 def row_key(record: CellRecord, show_backend: bool) -> str:
-    return f"{record.cell.fix} [{record.cell.backend}]" if show_backend else record.cell.fix
+    return record.cell.fix_and_backend if show_backend else record.cell.fix
 
 
 def row_order(records: Sequence[CellRecord], show_backend: bool) -> list[str]:

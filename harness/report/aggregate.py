@@ -62,6 +62,7 @@ def record_row(
     perf, numerics = record.perf, record.numerics
     return {
         **record.cell.to_dict(),
+        "fix_and_backend": record.cell.fix_and_backend,
         "run": run.name,
         "torch_version": record.torch_version,
         "env": env,
@@ -108,8 +109,7 @@ def records_frame(runs: Sequence[Run]) -> pd.DataFrame:
 def row_labels(frame: pd.DataFrame) -> pd.Series:
     """``fix``, or ``fix [backend]`` for cases that ran several backends."""
     backends = frame.groupby("case")["backend"].transform("nunique")
-    with_backend = frame["fix"] + " [" + frame["backend"] + "]"
-    return with_backend.where(backends > 1, frame["fix"])
+    return frame["fix_and_backend"].where(backends > 1, frame["fix"])
 
 
 def env_order(frame: pd.DataFrame) -> list[str]:
