@@ -95,9 +95,20 @@ def apply_precision(workload: Workload, case: Case, ctx: RunContext) -> Workload
     return Workload(model=model, inputs=inputs)
 
 
+class WorkloadFailed(Exception):
+    """The case's ``build()`` raised, or its precision could not be applied."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.error = error
+
+
 def prepared_workload(case: Case, ctx: RunContext) -> Workload:
     seed_everything()
-    return apply_precision(case.build(ctx), case, ctx)
+    try:
+        return apply_precision(case.build(ctx), case, ctx)
+    except Exception as error:
+        raise WorkloadFailed(error) from error
 
 
 def call_fix(case: Case, fix: str, workload: Workload, ctx: RunContext) -> Any:
@@ -154,7 +165,10 @@ def reference_leaves(case_name: str) -> Leaves:
     """The case's reference fix in float64 on the CPU, as named float64 leaves."""
     case = registry.get(case_name)
     ctx = context_for(case, plain_cell(case, "float64"))
-    run = run_fix_checked(case, case.reference_fix, ctx)
+    try:
+        run = run_fix_checked(case, case.reference_fix, ctx)
+    except WorkloadFailed as failure:
+        raise ReferenceFailed(failure.error) from failure
     if run.error is not None:
         raise ReferenceFailed(run.error)
     return float64_leaves(run.output)
@@ -173,7 +187,10 @@ def baseline(case_name: str, dtype: str) -> Baseline:
     """Error of a plain low-precision computation (reference fix, mode half, CPU)."""
     case = registry.get(case_name)
     ctx = context_for(case, plain_cell(case, dtype))
-    run = run_fix_checked(case, case.reference_fix, ctx)
+    try:
+        run = run_fix_checked(case, case.reference_fix, ctx)
+    except WorkloadFailed as failure:
+        run = FixRun(error=failure.error)
     if run.error is not None:
         return Baseline({}, f"{type(run.error).__name__}: {run.error}"[:MAX_MESSAGE])
     reference = reference_leaves(case_name)
@@ -276,8 +293,12 @@ def raised(case: Case, error: BaseException, record: CellRecord) -> CellRecord:
 
 
 def crashed(record: CellRecord, kind: CrashKind, error: BaseException, case: Case) -> CellRecord:
-    root = HARNESS_DIR if kind is CrashKind.HARNESS else case_root(case)
-    return replace(record, outcome=Outcome.CRASHED, crash_kind=kind, **error_fields(error, root))
+    """A cell with no outcome of its own; the frames shown are the case's, or the harness's
+    where the error never passed through the case's code."""
+    fields = error_fields(error, case_root(case))
+    if not fields["error_frames"]:
+        fields["error_frames"] = own_frames(error, HARNESS_DIR)
+    return replace(record, outcome=Outcome.CRASHED, crash_kind=kind, **fields)
 
 
 def run_cell(cell: Cell, worker: str | None = None) -> CellRecord:
@@ -299,6 +320,8 @@ def run_cell(cell: Cell, worker: str | None = None) -> CellRecord:
         record = classify(case, cell, run, record)
     except ReferenceFailed as failure:
         record = crashed(record, CrashKind.REFERENCE_FAILED, failure.error, case)
+    except WorkloadFailed as failure:
+        record = crashed(record, CrashKind.WORKLOAD_FAILED, failure.error, case)
     except Exception as error:  # the harness itself failed on this cell
         record = crashed(record, CrashKind.HARNESS, error, case)
     return replace(record, duration_s=round(time.perf_counter() - started, 6))

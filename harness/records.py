@@ -82,6 +82,9 @@ class CrashKind(str, Enum):
     WORKER_DIED = "worker-died"
     #: The case's reference fix failed in float64, so nothing can be judged.
     REFERENCE_FAILED = "reference-failed"
+    #: The workload could not be prepared: ``build()`` raised, or the precision could not be
+    #: applied to it (a ``keep_fp32`` name the model lacks).
+    WORKLOAD_FAILED = "workload-failed"
     #: The case broke the contract (e.g. a fix returned something that is not tensors).
     CONTRACT = "contract"
     #: The harness itself failed on this cell.

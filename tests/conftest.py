@@ -31,6 +31,16 @@ def harness(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str
     )
 
 
+def run_cases(
+    cases_dir: Path, cases: str, out: Path, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    """``harness run`` of some cases of a folder, correctness only, on two workers."""
+    return harness(
+        "run", "--cases-dir", str(cases_dir), "--case", cases, "--no-timing", "-n", "2",
+        "--out", str(out), *extra,
+    )  # fmt: skip
+
+
 def only_run_dir(root: Path) -> Path:
     """The single run folder a test's ``--out`` received."""
     (run_dir,) = root.iterdir()

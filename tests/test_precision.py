@@ -23,7 +23,7 @@ from harness.precision import (
     witness_autocast,
 )
 from harness.records import Cell, CellRecord, CrashKind, Outcome, outcome_label
-from tests.conftest import CONTRACT_CASES, ROOT, harness, only_run_dir
+from tests.conftest import CONTRACT_CASES, ROOT, only_run_dir, run_cases
 
 CPU = torch.device("cpu")
 
@@ -175,22 +175,17 @@ def test_failures_show_the_real_error_and_the_case_frames(contract_registry: Non
     assert no_reference.error_type == "ValueError"
     assert no_reference.error_message == "expected 3 features, got 4"
     assert no_reference.error_frames[-1].endswith("toy_failures.py:13 in check_shape")
+    no_build = execute.run_cell(
+        Cell("toy-failures", "broken-reference", "cpu", "float16", "half", "flash-attn-contract")
+    )
+    assert no_build.crash_kind is CrashKind.WORKLOAD_FAILED
+    assert no_build.error_message == "expected 3 features, got 5"
+    assert [f.split(":")[1].split()[-1] for f in no_build.error_frames] == ["build", "check_shape"]
 
 
 def test_the_terminal_names_flags_and_errors(tmp_path: Path) -> None:
     mine = "toy-failures,toy-plain-attribute,toy-self-managed,toy-training-step"
-    result = harness(
-        "run",
-        "--cases-dir",
-        str(CONTRACT_CASES),
-        "--case",
-        mine,
-        "--no-timing",
-        "-n",
-        "2",
-        "--out",
-        str(tmp_path),
-    )
+    result = run_cases(CONTRACT_CASES, mine, tmp_path)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "toy-self-managed[none,cpu,bfloat16,autocast,eager]  passes[no-autocast]" in out
@@ -210,20 +205,7 @@ def test_the_guide_shows_its_example_and_the_example_runs(tmp_path: Path) -> Non
     assert (
         f"```python\n{example.read_text()}```" in (ROOT / "docs" / "writing-a-case.md").read_text()
     )
-    result = harness(
-        "run",
-        "--cases-dir",
-        str(example.parent),
-        "--case",
-        "guide-fp32-norm-weight",
-        "--device",
-        "cpu",
-        "--no-timing",
-        "-n",
-        "0",
-        "--out",
-        str(tmp_path),
-    )
+    result = run_cases(example.parent, "guide-fp32-norm-weight", tmp_path, "--device", "cpu")
     assert result.returncode == 0, result.stderr
     labels = {
         (r.cell.fix, r.cell.mode): outcome_label(r)

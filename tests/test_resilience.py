@@ -16,7 +16,7 @@ import pytest
 
 from harness import storage
 from harness.records import SCHEMA_VERSION, CellRecord, Outcome
-from tests.conftest import FIXTURES, ROOT, TOY_CASES, harness, only_run_dir
+from tests.conftest import FIXTURES, ROOT, TOY_CASES, harness, only_run_dir, run_cases
 
 CRASH_CASES = FIXTURES / "crash_cases"
 
@@ -171,18 +171,7 @@ def test_a_half_written_last_line_is_cut_before_appending(tmp_path: Path) -> Non
 
 
 def test_records_are_whole_lines_under_parallel_appends(tmp_path: Path) -> None:
-    result = harness(
-        "run",
-        "--cases-dir",
-        str(TOY_CASES),
-        "--case",
-        "toy-mixed-matmul",
-        "--no-timing",
-        "-n",
-        "2",
-        "--out",
-        str(tmp_path),
-    )
+    result = run_cases(TOY_CASES, "toy-mixed-matmul", tmp_path)
     assert result.returncode == 0, result.stderr
     lines = (only_run_dir(tmp_path) / storage.CELLS_FILE).read_text().splitlines()
     assert all(json.loads(line)["schema_version"] == SCHEMA_VERSION for line in lines)
