@@ -10,7 +10,8 @@ from harness.records import LABELS, CellRecord, Outcome, outcome_label
 from harness.speed import RecordKey, SpeedRatios, record_key, speed_ratios
 
 SPEED_LEGEND = (
-    " (c: ratio to the case's fp32 control, f: to the fastest passing fix of the column, ~: noisy)"
+    " (c: ratio to the case's fp32 control, f: to the column's fastest fix that passes with no"
+    " flag, ~: noisy)"
 )
 LEGEND = "; ".join(
     [
