@@ -51,3 +51,9 @@ class RunConfig:
             timing=TimingConfig(**timing) if timing is not None else None,
             limits=Limits(**data.get("limits", {})),
         )
+
+    @classmethod
+    def of_run_plan(cls, saved: dict[str, Any]) -> RunConfig:
+        """The configuration stored in a ``run-plan.json`` (runs of older versions kept its
+        parts at the top level)."""
+        return cls.from_dict(saved.get("config", saved))

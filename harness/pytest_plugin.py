@@ -50,7 +50,7 @@ class PlanFile(pytest.File):
     def collect(self) -> Iterator[pytest.Item]:
         plan = load_plan(self.path)
         run_dir = Path(plan["run_dir"])
-        config = RunConfig.from_dict(storage.read_run_plan(run_dir)["config"])
+        config = RunConfig.of_run_plan(storage.read_run_plan(run_dir))
         registry.discover(config.cases_dirs)
         limits = config.limits
         for data in plan["cells"]:

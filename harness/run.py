@@ -222,7 +222,7 @@ def resume(run_dir: Path, workers: str = "auto") -> Path:
     """Finish a run that was stopped: only the cells without a record run (and, if the run
     times cells, only the cells without figures are timed)."""
     saved = storage.read_run_plan(run_dir)
-    config = replace(saved_config(saved), results_root=run_dir.parent, workers=workers)
+    config = replace(RunConfig.of_run_plan(saved), results_root=run_dir.parent, workers=workers)
     discover_cases(config.cases_dirs)
     dropped = storage.drop_partial_last_line(run_dir)
     done = {record.cell for record in storage.read_records(run_dir, problems=[])}
@@ -245,9 +245,3 @@ def resume(run_dir: Path, workers: str = "auto") -> Path:
         flush=True,
     )
     return run_cells(run_dir, plan, config)
-
-
-def saved_config(saved: dict[str, Any]) -> RunConfig:
-    """The run's configuration from its ``run-plan.json`` (older runs stored its parts at
-    the top level)."""
-    return RunConfig.from_dict(saved.get("config", saved))

@@ -98,3 +98,23 @@ def test_a_crash_is_described_by_pytests_message_not_its_report_objects() -> Non
     report = SimpleNamespace(longrepr=SimpleNamespace(reprcrash=crash))
     assert crash_message(report) == "worker 'gw0' crashed while running 'cell'"  # type: ignore[arg-type]
     assert crash_message(SimpleNamespace(longrepr="plain text")) == "plain text"  # type: ignore[arg-type]
+
+
+def test_the_run_config_round_trips_and_reads_older_run_plans(tmp_path: Path) -> None:
+    from harness.isolation import Limits
+    from harness.matrix import Selection
+    from harness.timing import TimingConfig
+
+    config = RunConfig(
+        selection=Selection(cases=("a",), modes=("half-autocast",)),
+        cases_dirs=(tmp_path,),
+        workers="2",
+        command=("python -m harness", "run"),
+        timing=TimingConfig(budget_s=0.5),
+        limits=Limits(timeout_s=9.0, memory_bytes=2**30),
+    )
+    assert RunConfig.from_dict(config.to_dict()) == config
+    assert RunConfig.from_dict(RunConfig(timing=None).to_dict()).timing is None
+    older = {"cases_dirs": [str(tmp_path)], "limits": {"timeout_s": 5.0}, "timing": None}
+    legacy = RunConfig.of_run_plan({**older, "cells": []})
+    assert (legacy.cases_dirs, legacy.limits.timeout_s, legacy.timing) == ((tmp_path,), 5.0, None)
