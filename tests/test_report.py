@@ -228,3 +228,4 @@ def test_a_flagged_cell_is_shown_flagged_and_never_recommended(tmp_path: Path) -
     html = render_report(aggregate.load_runs([run]))
     assert 'class="o passes flagged">passes[no-autocast]<' in html
     assert "no-autocast: the mode enters torch.autocast" in html
+    assert "<b>half-autocast</b>: weights and inputs cast to the dtype, and run under" in html

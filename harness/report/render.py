@@ -19,6 +19,7 @@ import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from harness import storage
+from harness.axes import MODES
 from harness.records import LABELS
 from harness.report import aggregate, plots
 from harness.report.aggregate import Run
@@ -253,6 +254,7 @@ def render_report(runs: Sequence[Run], comparison: Comparison | None = None) -> 
         ],
         "problems": problems,
         "legend": LEGEND,
+        "modes": [(mode.name, mode.meaning) for mode in MODES.values()],
         "matrix": matrix_view(frame) if not frame.empty else MatrixView([], [], []),
         "versions": version_rows(frame) if not frame.empty else {"columns": [], "rows": []},
         "cases": [case_view(frame, case, metadata.get(case)) for case in cases],
