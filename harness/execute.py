@@ -26,19 +26,20 @@ from harness.case import Case, RunContext, Workload
 from harness.numerics import judge_leaves, within_tolerance
 from harness.perf import perf_figures
 from harness.precision import (
-    AutocastWitness,
     autocast_region,
     cast_model,
     cast_tensors,
+    drift_flag,
     dtype_name,
     dtype_of,
     no_autocast_flag,
     not_half_flag,
     output_leaves,
-    witness_autocast,
 )
 from harness.records import Cell, CellRecord, CrashKind, Flag, Numerics, Outcome
 from harness.timing import TimingConfig, measure_interleaved, stopwatch_for
+from harness.trail import DtypeTracer, Names, PythonWatch, tracing, watch_python
+from harness.trail_records import Trail
 
 #: Every cell of a case builds from the same seed, so all fixes and the reference see the
 #: same weights and inputs.
@@ -120,29 +121,38 @@ def call_fix(case: Case, fix: str, workload: Workload, ctx: RunContext) -> Any:
 
 @dataclass(frozen=True)
 class FixRun:
-    """A fix's checked run: its output (or error) and what the mode promised but missed."""
+    """A fix's checked run: its output (or error), its dtype trail, and what the mode
+    promised but the run did not do."""
 
     output: Any = None
     error: BaseException | None = None
     flags: tuple[Flag, ...] = ()
+    trail: Trail | None = None
 
 
-def run_fix_checked(case: Case, fix: str, ctx: RunContext) -> FixRun:
-    """Build, apply the precision, call the fix once; then check the precision took."""
+def run_fix_checked(case: Case, fix: str, ctx: RunContext, trace: bool = True) -> FixRun:
+    """Build, apply the precision, call the fix once under the dtype tracer; then check that
+    the precision took and that the computation kept the mode's promise."""
     workload = prepared_workload(case, ctx)
-    witness = AutocastWitness(ctx.device.type)
-    watching = witness_autocast(witness) if ctx.precision.uses_autocast else nullcontext()
+    watch = PythonWatch(ctx.device.type)
+    tracer = DtypeTracer(
+        ctx.dtype, Names.of_workload(workload.model, workload.inputs, case.keep_fp32), watch
+    )
     output, error = None, None
     try:
-        with watching:
+        with watch_python(watch), tracing(tracer) if trace else nullcontext():
             output = call_fix(case, fix, workload, ctx)
     except Exception as raised:  # every failure of the code under test is a result
         error = raised
+    trail = tracer.trail(error) if trace else None
     found = (
-        no_autocast_flag(witness, ctx.precision),
+        no_autocast_flag(watch.seen, ctx.precision),
         not_half_flag(workload.model, ctx.precision, case.keep_fp32),
+        drift_flag(tracer.drift(), output, ctx.precision, trail)
+        if trace and error is None
+        else None,
     )
-    return FixRun(output, error, tuple(f for f in found if f))
+    return FixRun(output, error, tuple(f for f in found if f), trail)
 
 
 class ReferenceFailed(Exception):
@@ -200,7 +210,7 @@ def baseline(case_name: str, dtype: str) -> Baseline:
 
 def classify(case: Case, cell: Cell, run: FixRun, record: CellRecord) -> CellRecord:
     """Fill in the outcome and its evidence: the error, or the figures against the reference."""
-    record = replace(record, flags=run.flags)
+    record = replace(record, flags=run.flags, trail=run.trail)
     if run.error is not None:
         return raised(case, run.error, record)
     try:

@@ -15,18 +15,15 @@ Two self-checks make a precision that was never applied visible (as flags on the
 an autocast cell in which no torch op ran with autocast on, and a cell that should be half
 whose model holds floating parameters or buffers in another dtype after the fix ran.
 
-Autocast is witnessed with a Python profile hook, not a TorchDispatchMode: a dispatch mode
-changes what fused native ops do under autocast (measured on torch 2.4.1: with one active,
-``nn.TransformerEncoder``'s fast path no longer fails under CPU autocast).
+Autocast is witnessed with a Python profile hook (:func:`harness.trail.watch_python`), which
+leaves torch's dispatch untouched.
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, fields, is_dataclass
-from types import FrameType
 from typing import Any
 
 import torch
@@ -34,6 +31,7 @@ from torch import nn
 
 from harness.axes import MODES
 from harness.records import Flag
+from harness.trail_records import Trail
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
@@ -227,38 +225,46 @@ def autocast_enabled(device_type: str) -> bool:
         return bool(torch.is_autocast_enabled())
 
 
-@dataclass
-class AutocastWitness:
-    """Whether any torch compute call ran with autocast on for a device type."""
-
-    device_type: str
-    seen: bool = False
-
-
-@contextmanager
-def witness_autocast(witness: AutocastWitness) -> Iterator[None]:
-    """Watch builtin calls (``sys.setprofile``) until one runs under autocast. The hook
-    leaves torch's dispatch untouched and removes itself at the first sighting."""
-    previous = sys.getprofile()
-
-    def hook(frame: FrameType, event: str, arg: Any) -> None:
-        if event != "c_call" or not is_compute_call(arg):
-            return
-        if autocast_enabled(witness.device_type):
-            witness.seen = True
-            sys.setprofile(previous)
-
-    sys.setprofile(hook)
-    try:
-        yield
-    finally:
-        sys.setprofile(previous)
-
-
-def no_autocast_flag(witness: AutocastWitness, precision: Precision) -> Flag | None:
-    if witness.seen or precision.is_reference or not MODES[precision.mode].autocast:
+def no_autocast_flag(seen: bool, precision: Precision) -> Flag | None:
+    """The flag of an autocast cell in which no torch call ran with autocast on (``seen`` is
+    the profile hook's finding, see :mod:`harness.trail`)."""
+    if seen or precision.is_reference or not MODES[precision.mode].autocast:
         return None
     return Flag(NO_AUTOCAST, "the mode enters torch.autocast, but no torch op ran with it on")
+
+
+DRIFT = "drift"
+
+
+def drift_flag(
+    drifted: dict[str, tuple[str, ...]],
+    output: Any,
+    precision: Precision,
+    trail: Trail | None,
+) -> Flag | None:
+    """The flag of a cell that ran but left its mode's promise: matmul or attention kernels
+    computing in a wider dtype than the cell's (kept fp32 parts aside), or, in the casting
+    modes, an output wider than the cell dtype. The detail says where the wider dtype entered."""
+    if precision.is_reference or precision.mode == "fp32":
+        return None
+    problems = [f"{kind} computed in {'+'.join(dtypes)}" for kind, dtypes in drifted.items()]
+    if precision.casts_model and output is not None:
+        problems += [
+            f"{'output' if name == 'output' else f'output {name}'} is {dtype_name(t.dtype)}"
+            for name, t in output_leaves_or_none(output).items()
+            if t.is_floating_point() and t.dtype.itemsize > precision.dtype.itemsize
+        ]
+    if not problems:
+        return None
+    started = trail.promotion.describe() if trail and trail.promotion else None
+    return Flag(DRIFT, "; ".join(problems) + (f" ({started})" if started else ""))
+
+
+def output_leaves_or_none(output: Any) -> dict[str, torch.Tensor]:
+    try:
+        return output_leaves(output)
+    except TypeError:
+        return {}
 
 
 def output_leaves(output: Any, prefix: str = "") -> dict[str, torch.Tensor]:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from harness.trail_records import Trail
+
 #: Bumped whenever a record's fields change meaning; readers refuse newer versions.
 SCHEMA_VERSION = 2
 
@@ -169,6 +171,9 @@ class CellRecord:
     perf: Perf | None = None
     #: Timing was tried and failed (``Type: message``); the correctness record stands.
     timing_error: str | None = None
+    #: Where a wider dtype entered and where the cell failed (``promotion``,
+    #: ``failure_site`` and ``compute_dtypes`` in the JSON object).
+    trail: Trail | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"schema_version": SCHEMA_VERSION, **self.cell.to_dict()}
@@ -184,6 +189,8 @@ class CellRecord:
                 data[f.name] = [dataclasses.asdict(flag) for flag in value]
             elif f.name == "error_frames":
                 data[f.name] = list(value)
+            elif f.name == "trail":
+                data.update(value.to_dict() if value else Trail().to_dict())
             else:
                 data[f.name] = value.value if isinstance(value, Enum) else value
         return data
@@ -204,7 +211,7 @@ class CellRecord:
             else None
             for name, (kind, marker) in NESTED.items()
         }
-        typed = ("cell", "outcome", "flags", "error_frames", "crash_kind", *NESTED)
+        typed = ("cell", "outcome", "flags", "error_frames", "crash_kind", "trail", *NESTED)
         plain: dict[str, Any] = {
             f.name: data.get(f.name) for f in dataclasses.fields(cls) if f.name not in typed
         }
@@ -215,6 +222,7 @@ class CellRecord:
             flags=tuple(Flag(**flag) for flag in data.get("flags") or ()),
             error_frames=tuple(data.get("error_frames") or ()),
             crash_kind=CrashKind(crash_kind) if crash_kind else None,
+            trail=Trail.from_dict(data),
             **nested,
             **plain,
         )

@@ -93,14 +93,14 @@ def speed_text(ratios: dict[RecordKey, SpeedRatios]) -> CellText:
 
 
 def failure_line(record: CellRecord) -> str | None:
-    """Why a cell did not pass, in one line: the error with the case's innermost frame,
-    the crash kind, or the tolerance it missed; None for a plain pass."""
+    """Why a cell did not pass plainly, in one line: the error (unless it is the case's
+    known one) with the case's innermost frame, the dtype trail of a cell that raised, the
+    crash kind, the tolerance it missed, and its flags; None for a plain pass."""
     parts = [flag.describe() for flag in record.flags]
-    if record.error_type or record.error_message:
-        where = f" (at {record.error_frames[-1]})" if record.error_frames else ""
-        kind = f"{record.crash_kind.value}: " if record.crash_kind else ""
-        first_line = (record.error_message or "").strip().splitlines()[:1]
-        parts.insert(0, f"{kind}{record.error_type}: {''.join(first_line)}{where}")
+    if record.trail and record.outcome is Outcome.RAISES:
+        parts.insert(0, str(record.trail.describe()))
+    if (record.error_type or record.error_message) and not record.reproduces:
+        parts.insert(0, error_text(record))
     elif record.outcome is Outcome.INACCURATE and record.numerics:
         n = record.numerics
         leaf = f" in {n.leaf}" if n.leaf else ""
@@ -108,18 +108,24 @@ def failure_line(record: CellRecord) -> str | None:
         parts.insert(0, f"{finite}rel_err {n.rel_err:.3g}{leaf} > tolerance {n.tolerance:.3g}")
     if record.baseline_error:
         parts.append(f"baseline failed ({record.baseline_error}): tolerance is eps")
-    return "; ".join(parts) or None
+    return "; ".join(p for p in parts if p and p != "None") or None
+
+
+def error_text(record: CellRecord) -> str:
+    where = f" (at {record.error_frames[-1]})" if record.error_frames else ""
+    kind = f"{record.crash_kind.value}: " if record.crash_kind else ""
+    first_line = (record.error_message or "").strip().splitlines()[:1]
+    return f"{kind}{record.error_type}: {''.join(first_line)}{where}"
 
 
 def detail_lines(records: Sequence[CellRecord]) -> list[str]:
-    """One line per flagged, crashed or unexpectedly failing cell of a case."""
+    """One line per flagged, raising, crashed or timed-out cell of a case."""
     worth_saying = [
         r
         for r in records
         if (
             r.flags
-            or r.outcome in (Outcome.CRASHED, Outcome.TIMEOUT)
-            or (r.outcome is Outcome.RAISES and not r.reproduces)
+            or r.outcome in (Outcome.CRASHED, Outcome.TIMEOUT, Outcome.RAISES)
             or r.baseline_error
         )
         and failure_line(r)

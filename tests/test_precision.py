@@ -16,13 +16,12 @@ from harness.case import Case, Workload
 from harness.precision import (
     NO_AUTOCAST,
     NOT_HALF,
-    AutocastWitness,
     Precision,
     leftover_precision,
     output_leaves,
-    witness_autocast,
 )
 from harness.records import Cell, CellRecord, CrashKind, Outcome, outcome_label
+from harness.trail import PythonWatch, watch_python
 from tests.conftest import CONTRACT_CASES, ROOT, only_run_dir, run_cases
 
 CPU = torch.device("cpu")
@@ -96,13 +95,13 @@ def test_keeping_a_part_the_model_lacks_is_an_error(toy_registry: None) -> None:
 
 def test_the_autocast_witness_sees_ops_under_autocast_only() -> None:
     layer, x = nn.Linear(4, 4), torch.randn(2, 4)
-    inside, outside, switched_off = (AutocastWitness("cpu") for _ in range(3))
+    inside, outside, switched_off = (PythonWatch("cpu") for _ in range(3))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        with witness_autocast(inside):
+        with watch_python(inside):
             layer(x)
-        with witness_autocast(switched_off), torch.autocast("cpu", enabled=False):
+        with watch_python(switched_off), torch.autocast("cpu", enabled=False):
             layer(x)
-    with witness_autocast(outside):
+    with watch_python(outside):
         layer(x)
     assert (inside.seen, outside.seen, switched_off.seen) == (True, False, False)
 

@@ -1,0 +1,450 @@
+"""The dtype tracer: for every aten op of a correctness run, the dtypes it received and made.
+
+It keeps only what the trail needs (bounded memory): the first *promotion* (an op with a
+low-precision input whose output is wider), what carried the wider dtype in (a parameter or
+buffer by name, an explicit cast, a tensor created in float32, a model input), the op that
+raised, and the dtypes matmul and attention kernels computed in. Where an op ran comes from
+the Python stack at that moment: the module path (``self`` of the module frames) and the
+innermost ``file:line`` of the case's or model's own code.
+
+A TorchDispatchMode runs below autocast, and calls each op with autocast switched off
+(PyTorch excludes the dispatch keys above Python while a mode handles an op). Fused native
+ops that dispatch internally (``nn.TransformerEncoder``'s fast path) would then compute
+differently under the tracer than without it. The tracer therefore follows the autocast
+state that Python code set (a profile hook watches torch's autocast switches) and switches
+autocast back on around each op it dispatches; an op already handled by autocast is not
+changed by that (its inputs are in their autocast dtype), so the traced run computes exactly
+what the untraced run computes.
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import sys
+import sysconfig
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from harness.observe import CoreObservation
+from harness.precision import autocast_enabled, dtype_name, is_compute_call
+from harness.trail_records import Promotion, Site, Trail
+
+ORIGIN_ATTR = "_ampmatrix_origin"
+#: Set on wide tensors computed only from parts the case keeps in fp32 (views of them, say).
+KEPT_ATTR = "_ampmatrix_kept"
+AUTOCAST_KEYS = {
+    "cpu": torch._C.DispatchKey.AutocastCPU,
+    "cuda": torch._C.DispatchKey.AutocastCUDA,
+}
+#: Kernels whose input dtypes are the dtypes the model computed in.
+MATMUL_OPS = frozenset(
+    {
+        "mm",
+        "bmm",
+        "addmm",
+        "baddbmm",
+        "addbmm",
+        "_addmm_activation",
+        "mv",
+        "addmv",
+        "dot",
+        "convolution",
+        "_convolution",
+        "mkldnn_convolution",
+    }
+)
+#: Ops that run attention (or a whole layer) in one native kernel.
+ATTENTION_MARKERS = ("attention", "_transformer_encoder_layer_fwd", "_native_multi_head")
+#: Fused layers that dispatch their inner ops themselves: under autocast their inputs do not
+#: tell the dtype they compute in.
+FUSED_LAYER_OPS = frozenset(
+    {
+        "_transformer_encoder_layer_fwd",
+        "_native_multi_head_attention",
+        "_transformer_decoder_only_layer_fwd",
+    }
+)
+#: Casts: a low-precision tensor made wider by one of these was cast on purpose.
+CAST_OPS = frozenset({"_to_copy", "to", "_to_copy_out", "type_as", "copy"})
+
+TORCH_DIR = str(Path(torch.__file__).resolve().parent)
+HARNESS_DIR = str(Path(__file__).resolve().parent)
+STDLIB_DIRS = tuple(
+    str(Path(sysconfig.get_paths()[key]).resolve()) for key in ("stdlib", "platstdlib")
+)
+
+
+def is_library_file(filename: str) -> bool:
+    """Frames of torch, of the harness and of the standard library are not the model's code."""
+    try:
+        path = str(Path(filename).resolve())
+    except (OSError, ValueError):
+        return True
+    if path.startswith(STDLIB_DIRS) and "site-packages" not in path:
+        return True
+    return path.startswith((TORCH_DIR, HARNESS_DIR)) or filename.startswith("<")
+
+
+def shown(filename: str, line: int) -> str:
+    try:
+        rel = Path(filename).resolve().relative_to(Path.cwd())
+    except ValueError:
+        rel = Path(filename)
+    return f"{rel}:{line}"
+
+
+@dataclass
+class PythonWatch:
+    """What Python code did about autocast while a fix ran: whether any torch compute call
+    ran with it on (the ``no-autocast`` check), and its current state per device type."""
+
+    device_type: str
+    seen: bool = False
+    enabled: dict[str, bool] = field(default_factory=dict)
+
+    def refresh(self) -> None:
+        self.enabled = {device: autocast_enabled(device) for device in AUTOCAST_KEYS}
+
+
+@contextmanager
+def watch_python(watch: PythonWatch) -> Iterator[None]:
+    """A profile hook: it leaves torch's dispatch untouched (a TorchFunctionMode would turn
+    fused fast paths off)."""
+    previous = sys.getprofile()
+    watch.refresh()
+
+    def hook(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "c_return" and "autocast" in getattr(arg, "__name__", ""):
+            watch.refresh()
+        elif event == "c_call" and not watch.seen and is_compute_call(arg):
+            watch.seen = watch.enabled.get(watch.device_type, False)
+
+    sys.setprofile(hook)
+    try:
+        yield
+    finally:
+        sys.setprofile(previous)
+        watch.refresh()
+
+
+def floating_tensors(tree: Any) -> list[torch.Tensor]:
+    leaves, _ = tree_flatten(tree)
+    return [t for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def op_name(func: Any) -> str:
+    schema = getattr(func, "_schema", None)
+    return str(schema.name) if schema is not None else str(func)
+
+
+def short_name(func: Any) -> str:
+    return op_name(func).split("::")[-1]
+
+
+def kernel_kind(func: Any) -> str | None:
+    name = short_name(func)
+    if any(marker in name for marker in ATTENTION_MARKERS):
+        return "attention"
+    return "matmul" if name in MATMUL_OPS else None
+
+
+def widens(dtype: torch.dtype, low: torch.dtype) -> bool:
+    return dtype.is_floating_point and torch.finfo(dtype).bits > torch.finfo(low).bits
+
+
+@dataclass
+class Names:
+    """Names of the tensors a workload holds: parameters, buffers, attributes, inputs."""
+
+    by_id: dict[int, str] = field(default_factory=dict)
+    kept: set[int] = field(default_factory=set)
+
+    @classmethod
+    def of_workload(cls, model: Any, inputs: dict[str, Any], keep: tuple[str, ...]) -> Names:
+        from harness.precision import is_kept, named_tensors
+
+        names = cls()
+        for name, tensor in named_tensors(model):
+            names.by_id[id(tensor)] = f"parameter {name}"
+            if is_kept(name, keep):
+                names.kept.add(id(tensor))
+        for key, value in inputs.items():
+            for n, t in enumerate(floating_tensors(value)):
+                names.by_id.setdefault(id(t), f"input {key}" + (f"[{n}]" if n else ""))
+        return names
+
+
+class DtypeTracer(TorchDispatchMode):
+    """Watches every aten op of one run of a fix (see the module docstring)."""
+
+    def __init__(self, low: torch.dtype, names: Names, python: PythonWatch) -> None:
+        super().__init__()
+        self.low = low
+        self.names = names
+        self.python = python
+        self.promotion: Promotion | None = None
+        self.failure: Site | None = None
+        self.compute: dict[str, dict[str, None]] = {}
+        #: Compute dtypes wider than ``low`` that did not come from kept (fp32) parts.
+        self.drifted: dict[str, dict[str, None]] = {}
+        self.failure_message: str | None = None
+        self.core: CoreObservation | None = None
+        self.ops = 0
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        inputs = floating_tensors((args, kwargs))
+        self.ops += 1
+        try:
+            with self.autocast_as_python_set_it():
+                out = func(*args, **kwargs)
+        except Exception as error:
+            self.failure = self.site(func, inputs)
+            self.failure_message = str(error)
+            raise
+        self.observe(func, inputs, floating_tensors(out))
+        return out
+
+    @contextmanager
+    def autocast_as_python_set_it(self) -> Iterator[None]:
+        """Autocast back on for the op where Python code had it on (see module docstring)."""
+        switched = [
+            AUTOCAST_KEYS[device]
+            for device, on in self.python.enabled.items()
+            if on and torch._C._dispatch_tls_is_dispatch_key_excluded(AUTOCAST_KEYS[device])
+        ]
+        for key in switched:
+            torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
+        try:
+            yield
+        finally:
+            for key in switched:
+                torch._C._dispatch_tls_set_dispatch_key_excluded(key, True)
+
+    def autocast_dtype(self, device_type: str) -> str | None:
+        if not self.python.enabled.get(device_type, False):
+            return None
+        try:
+            return dtype_name(torch.get_autocast_dtype(device_type))
+        except (AttributeError, TypeError):  # torch < 2.4
+            getter = torch.get_autocast_cpu_dtype if device_type == "cpu" else None
+            return dtype_name(getter()) if getter else None
+
+    def observe(self, func: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
+        kind = kernel_kind(func)
+        if self.core is not None and kind is not None:
+            for t in inputs:
+                self.core.add(t.dtype)
+            kind = "attention"
+        if kind is not None:
+            self.record_compute(func, kind, inputs)
+        wide_out = [t for t in outputs if widens(t.dtype, self.low)]
+        if not wide_out:
+            return
+        origin = self.origin_of(func, inputs)
+        wide_in = [t for t in inputs if widens(t.dtype, self.low)]
+        kept = bool(wide_in) and all(self.is_kept(t) for t in wide_in)
+        for t in wide_out:
+            if not hasattr(t, ORIGIN_ATTR) and not isinstance(t, nn.Parameter):
+                setattr(t, ORIGIN_ATTR, origin)
+                setattr(t, KEPT_ATTR, kept)
+        if self.promotion is None and any(t.dtype == self.low for t in inputs):
+            self.promotion = Promotion(
+                self.site(func, inputs), dtype_name(wide_out[0].dtype), origin
+            )
+
+    def record_compute(self, func: Any, kind: str, inputs: list[torch.Tensor]) -> None:
+        device = inputs[0].device.type if inputs else "cpu"
+        if short_name(func) in FUSED_LAYER_OPS and self.autocast_dtype(device) is not None:
+            return  # it autocasts inside: its inputs do not tell what it computes in
+        seen = self.compute.setdefault(kind, {})
+        for t in inputs:
+            seen[dtype_name(t.dtype)] = None
+        wide = [t for t in inputs if widens(t.dtype, self.low)]
+        if wide and not any(self.is_kept(t) for t in wide):
+            for t in wide:
+                self.drifted.setdefault(kind, {})[dtype_name(t.dtype)] = None
+
+    def is_kept(self, tensor: torch.Tensor) -> bool:
+        """A part the case keeps in fp32 (``keep_fp32``), or computed from such parts only."""
+        return id(tensor) in self.names.kept or bool(getattr(tensor, KEPT_ATTR, False))
+
+    def origin_of(self, func: Any, inputs: list[torch.Tensor]) -> str:
+        """What carried the wider dtype into this op's output."""
+        wide = [t for t in inputs if widens(t.dtype, self.low)]
+        for t in wide:
+            named = self.names.by_id.get(id(t))
+            if named:
+                return named
+        for t in wide:
+            inherited = getattr(t, ORIGIN_ATTR, None)
+            if inherited:
+                return str(inherited)
+            if isinstance(t, nn.Parameter):
+                return "a float32 parameter"
+        name = short_name(func)
+        if not inputs:
+            return f"a tensor created in float32 (aten::{name})"
+        if name in CAST_OPS:
+            device = inputs[0].device.type
+            if self.autocast_dtype(device) is not None:
+                return (
+                    "a cast to float32 (an explicit .float() / .to(), or autocast's fp32 policy)"
+                )
+            return "an explicit cast (.float() / .to())"
+        return f"aten::{name}, which returned a wider dtype than its inputs"
+
+    def site(self, func: Any, inputs: list[torch.Tensor]) -> Site:
+        frame = sys._getframe(1)
+        device = inputs[0].device.type if inputs else "cpu"
+        return Site(
+            op=op_name(func),
+            module=module_path(frame),
+            location=user_location(frame),
+            input_dtypes=tuple(dtype_name(t.dtype) for t in inputs),
+            autocast=self.autocast_dtype(device),
+        )
+
+    def trail(self, error: BaseException | None) -> Trail:
+        """The trail of the run; ``error`` is what the fix raised, if anything."""
+        return Trail(
+            promotion=self.promotion,
+            failure_site=self.failure_of(error),
+            compute_dtypes={k: tuple(v) for k, v in self.compute.items()},
+        )
+
+    def failure_of(self, error: BaseException | None) -> Site | None:
+        """The op that raised ``error``, or where the case's code called what raised it."""
+        if error is None:
+            return None
+        if self.failure is not None and self.failure_message == str(error):
+            return self.failure
+        return failure_from_traceback(error)
+
+    def drift(self) -> dict[str, tuple[str, ...]]:
+        """Kernel kind -> wider dtypes it computed in (not counting kept fp32 parts)."""
+        return {k: tuple(v) for k, v in self.drifted.items()}
+
+
+def frames_outward(frame: FrameType | None) -> Iterator[FrameType]:
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
+
+
+def user_location(frame: FrameType | None) -> str | None:
+    """The innermost frame in the case's or model's own code, as ``file:line``."""
+    for f in frames_outward(frame):
+        if not is_library_file(f.f_code.co_filename):
+            return shown(f.f_code.co_filename, f.f_lineno)
+    return None
+
+
+def module_path(frame: FrameType | None) -> str | None:
+    """The dotted path of the innermost module running, from the outermost one on the stack."""
+    modules = [
+        module
+        for f in frames_outward(frame)
+        if isinstance(module := f.f_locals.get("self"), nn.Module)
+    ]
+    if not modules:
+        return None
+    inner, outer = modules[0], modules[-1]
+    if inner is outer:
+        return type(outer).__name__
+    for name, candidate in outer.named_modules():
+        if candidate is inner:
+            return name
+    return type(inner).__name__
+
+
+@contextmanager
+def tracing(tracer: DtypeTracer) -> Iterator[DtypeTracer]:
+    ACTIVE.append(tracer)
+    try:
+        with tracer:
+            yield tracer
+    finally:
+        ACTIVE.remove(tracer)
+
+
+ACTIVE: list[DtypeTracer] = []
+
+
+@contextmanager
+def core_of_active_tracer(observation: CoreObservation) -> Iterator[None]:
+    """Inside ``attention_core()``: the active tracer records the core's kernels there."""
+    tracer = ACTIVE[-1]
+    previous, tracer.core = tracer.core, observation
+    try:
+        yield
+    finally:
+        tracer.core = previous
+
+
+def failure_from_traceback(error: BaseException) -> Site | None:
+    """Where an error that no traced op raised (an input check in a composite op such as
+    SDPA, or a Python-level check) came from: the innermost call in the case's or model's
+    own code, with the dtypes of the tensors it passed."""
+    frames = [tb for tb in traceback_entries(error.__traceback__)]
+    user = [tb for tb in frames if not is_library_file(tb.tb_frame.f_code.co_filename)]
+    if not user:
+        return None
+    entry = user[-1]
+    frame, line = entry.tb_frame, entry.tb_lineno
+    callee, args = call_on_line(frame.f_code.co_filename, line, frame.f_locals)
+    dtypes = tuple(dtype_name(t.dtype) for t in args)
+    return Site(
+        op=callee or "?",
+        module=module_path(frames[-1].tb_frame if frames else frame),
+        location=shown(frame.f_code.co_filename, line),
+        input_dtypes=dtypes,
+    )
+
+
+def traceback_entries(tb: TracebackType | None) -> Iterator[TracebackType]:
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next
+
+
+def call_on_line(
+    filename: str, line: int, local_vars: dict[str, Any]
+) -> tuple[str | None, list[torch.Tensor]]:
+    """The call that starts on (or spans) a source line, as written, and the floating tensors
+    among the names it passes."""
+    candidates = [
+        node
+        for node in calls_in(filename)
+        if node.lineno <= line <= (node.end_lineno or node.lineno)
+    ]
+    if not candidates:
+        return None, []
+    call = max(candidates, key=lambda n: (n.lineno, -((n.end_lineno or 0) - n.lineno)))
+    passed = [*call.args, *(k.value for k in call.keywords)]
+    names = [a.id for a in passed if isinstance(a, ast.Name)]
+    tensors = [local_vars.get(n) for n in names]
+    floats = [t for t in tensors if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return ast.unparse(call.func), floats
+
+
+@lru_cache(maxsize=64)
+def calls_in(filename: str) -> tuple[ast.Call, ...]:
+    try:
+        tree = ast.parse("".join(linecache.getlines(filename)))
+    except (SyntaxError, ValueError):
+        return ()
+    return tuple(node for node in ast.walk(tree) if isinstance(node, ast.Call))

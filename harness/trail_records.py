@@ -1,0 +1,100 @@
+"""The dtype trail of a cell as data: where a wider dtype entered, where the cell failed, and
+what the matmul and attention kernels computed in. No torch: reports read these."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Site:
+    """An op in the model: its name, where it ran, and the dtypes it received."""
+
+    op: str
+    #: Dotted module path from the outermost module on the stack (``layers.0.self_attn``);
+    #: the root module's class name when the op ran in the root's own code.
+    module: str | None = None
+    #: ``file:line`` of the innermost frame in the case's or model's own code.
+    location: str | None = None
+    input_dtypes: tuple[str, ...] = ()
+    #: ``bfloat16`` when the op ran with autocast on (to that dtype), else None.
+    autocast: str | None = None
+
+    def where(self) -> str:
+        """``in layers.0 (model.py:12)``, or whichever of the two is known."""
+        module = f"in {self.module}" if self.module else ""
+        location = f"({self.location})" if self.location else ""
+        return " ".join(p for p in (module, location) if p)
+
+    def describe(self) -> str:
+        inputs = f" [{', '.join(self.input_dtypes)}]" if self.input_dtypes else ""
+        amp = f" under autocast({self.autocast})" if self.autocast else ""
+        where = self.where()
+        return f"{self.op}{inputs}{amp}" + (f" {where}" if where else "")
+
+
+@dataclass(frozen=True)
+class Promotion:
+    """The first op whose output left the cell's low-precision dtype for a wider one."""
+
+    site: Site
+    output_dtype: str
+    #: What carried the wider dtype in: ``parameter norm.weight``, ``explicit cast``, ...
+    carrier: str
+
+    def describe(self) -> str:
+        where = self.site.where()
+        return f"{self.output_dtype} enters via {self.carrier} at {self.site.op}" + (
+            f" {where}" if where else ""
+        )
+
+
+@dataclass(frozen=True)
+class Trail:
+    promotion: Promotion | None = None
+    failure_site: Site | None = None
+    #: Kernel kind (``matmul``, ``attention``) -> the dtypes its inputs had, in order seen.
+    compute_dtypes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def describe(self) -> str | None:
+        """``float32 enters via ... at aten::mul in norm (x.py:12), fails at ...``."""
+        parts = []
+        if self.promotion:
+            parts.append(self.promotion.describe())
+        if self.failure_site:
+            parts.append(f"fails at {self.failure_site.describe()}")
+        return ", ".join(parts) or None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "promotion": dataclasses.asdict(self.promotion) if self.promotion else None,
+            "failure_site": dataclasses.asdict(self.failure_site) if self.failure_site else None,
+            "compute_dtypes": {k: list(v) for k, v in self.compute_dtypes.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Trail | None:
+        promotion, failure, compute = (
+            data.get("promotion"),
+            data.get("failure_site"),
+            data.get("compute_dtypes"),
+        )
+        if promotion is None and failure is None and not compute:
+            return None
+        return cls(
+            promotion=Promotion(
+                site=site_from(promotion["site"]),
+                output_dtype=promotion["output_dtype"],
+                carrier=promotion["carrier"],
+            )
+            if promotion
+            else None,
+            failure_site=site_from(failure) if failure else None,
+            compute_dtypes={k: tuple(v) for k, v in (compute or {}).items()},
+        )
+
+
+def site_from(data: dict[str, Any]) -> Site:
+    return Site(**{**data, "input_dtypes": tuple(data.get("input_dtypes") or ())})
