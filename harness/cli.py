@@ -87,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-timing", action="store_true", help="skip the timing phase (correctness only)"
     )
     run_parser.add_argument(
+        "--no-trace",
+        action="store_true",
+        help="no dtype trail and no drift check in correctness cells (measures their cost)",
+    )
+    run_parser.add_argument(
         "--time-budget",
         type=positive_float,
         default=TimingConfig.budget_s,
@@ -237,6 +242,7 @@ def config_from(args: argparse.Namespace, argv: Sequence[str]) -> RunConfig:
         workers=args.workers,
         command=("python -m harness", *argv),
         timing=None if args.no_timing else timing,
+        trace=not args.no_trace,
         limits=Limits(
             timeout_s=args.timeout,
             memory_bytes=int(args.memory_limit * 2**30) if args.memory_limit else None,

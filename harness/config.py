@@ -26,6 +26,8 @@ class RunConfig:
     #: None: correctness only (``--no-timing``).
     timing: TimingConfig | None = field(default_factory=TimingConfig)
     limits: Limits = field(default_factory=Limits)
+    #: Trace dtypes in correctness cells (``--no-trace`` turns it off, to measure its cost).
+    trace: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -36,6 +38,7 @@ class RunConfig:
             "command": list(self.command),
             "timing": dataclasses.asdict(self.timing) if self.timing else None,
             "limits": dataclasses.asdict(self.limits),
+            "trace": self.trace,
         }
 
     @classmethod
@@ -50,6 +53,7 @@ class RunConfig:
             command=tuple(data.get("command", ())),
             timing=TimingConfig(**timing) if timing is not None else None,
             limits=Limits(**data.get("limits", {})),
+            trace=bool(data.get("trace", True)),
         )
 
     @classmethod

@@ -135,9 +135,8 @@ def run_fix_checked(case: Case, fix: str, ctx: RunContext, trace: bool = True) -
     the precision took and that the computation kept the mode's promise."""
     workload = prepared_workload(case, ctx)
     watch = PythonWatch(ctx.device.type)
-    tracer = DtypeTracer(
-        ctx.dtype, Names.of_workload(workload.model, workload.inputs, case.keep_fp32), watch
-    )
+    names = Names.of_workload(workload.model, workload.inputs, case.keep_fp32)
+    tracer = DtypeTracer(ctx.dtype, names, watch, root=workload.model)
     output, error = None, None
     try:
         with watch_python(watch), tracing(tracer) if trace else nullcontext():
@@ -176,7 +175,7 @@ def reference_leaves(case_name: str) -> Leaves:
     case = registry.get(case_name)
     ctx = context_for(case, plain_cell(case, "float64"))
     try:
-        run = run_fix_checked(case, case.reference_fix, ctx)
+        run = run_fix_checked(case, case.reference_fix, ctx, trace=False)
     except WorkloadFailed as failure:
         raise ReferenceFailed(failure.error) from failure
     if run.error is not None:
@@ -198,7 +197,7 @@ def baseline(case_name: str, dtype: str) -> Baseline:
     case = registry.get(case_name)
     ctx = context_for(case, plain_cell(case, dtype))
     try:
-        run = run_fix_checked(case, case.reference_fix, ctx)
+        run = run_fix_checked(case, case.reference_fix, ctx, trace=False)
     except WorkloadFailed as failure:
         run = FixRun(error=failure.error)
     if run.error is not None:
@@ -311,7 +310,7 @@ def crashed(record: CellRecord, kind: CrashKind, error: BaseException, case: Cas
     return replace(record, outcome=Outcome.CRASHED, crash_kind=kind, **fields)
 
 
-def run_cell(cell: Cell, worker: str | None = None) -> CellRecord:
+def run_cell(cell: Cell, worker: str | None = None, trace: bool = True) -> CellRecord:
     """Run one cell and return its record. Exceptions of the code under test are outcomes;
     a failing reference or harness makes the cell ``crashed`` with the real error."""
     case = registry.get(cell.case)
@@ -325,7 +324,7 @@ def run_cell(cell: Cell, worker: str | None = None) -> CellRecord:
     )
     ctx = context_for(case, cell)
     try:
-        run = run_fix_checked(case, cell.fix, ctx)
+        run = run_fix_checked(case, cell.fix, ctx, trace)
         record = replace(record, attn_dtype=ctx.observation.summary())
         record = classify(case, cell, run, record)
     except ReferenceFailed as failure:

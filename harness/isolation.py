@@ -47,13 +47,13 @@ def warm_parent(cell: Cell) -> None:
 
 
 def _child(
-    conn: Connection, cell: Cell, worker: str, memory_bytes: int | None, threads: int
+    conn: Connection, cell: Cell, worker: str, memory_bytes: int | None, threads: int, trace: bool
 ) -> None:
     """In the cell's own process: set limits, run the cell, send the record back."""
     if memory_bytes:
         resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))
     torch.set_num_threads(threads)
-    conn.send(execute.run_cell(cell, worker).to_dict())
+    conn.send(execute.run_cell(cell, worker, trace).to_dict())
     conn.close()
 
 
@@ -69,13 +69,17 @@ def describe_exit(exitcode: int | None) -> str:
     return f"the cell's process exited with code {exitcode} without a record"
 
 
-def run_cell_isolated(cell: Cell, worker: str, limits: Limits, threads: int) -> CellRecord:
+def run_cell_isolated(
+    cell: Cell, worker: str, limits: Limits, threads: int, trace: bool = True
+) -> CellRecord:
     """Run one cell in a child process, within its limits; always returns a record."""
     warm_parent(cell)
     context = multiprocessing.get_context("fork")
     receive, send = context.Pipe(duplex=False)
     child = context.Process(
-        target=_child, args=(send, cell, worker, limits.memory_bytes, threads), daemon=True
+        target=_child,
+        args=(send, cell, worker, limits.memory_bytes, threads, trace),
+        daemon=True,
     )
     child.start()
     send.close()

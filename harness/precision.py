@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from harness.axes import MODES
-from harness.records import Flag
+from harness.records import DRIFT, Flag
 from harness.trail_records import Trail
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -231,9 +231,6 @@ def no_autocast_flag(seen: bool, precision: Precision) -> Flag | None:
     if seen or precision.is_reference or not MODES[precision.mode].autocast:
         return None
     return Flag(NO_AUTOCAST, "the mode enters torch.autocast, but no torch op ran with it on")
-
-
-DRIFT = "drift"
 
 
 def drift_flag(

@@ -56,7 +56,12 @@ class PlanFile(pytest.File):
         for data in plan["cells"]:
             cell = Cell.from_dict(data)
             cell_item = CellItem.from_parent(
-                self, name=cell.id, cell=cell, run_dir=run_dir, limits=limits_for(cell, limits)
+                self,
+                name=cell.id,
+                cell=cell,
+                run_dir=run_dir,
+                limits=limits_for(cell, limits),
+                trace=config.trace,
             )
             if cell.device.startswith("cuda"):  # one worker owns each GPU
                 cell_item.add_marker(pytest.mark.xdist_group(cell.device))
@@ -81,17 +86,20 @@ def limits_for(cell: Cell, limits: Limits) -> Limits:
 class CellItem(pytest.Item):
     """Runs one cell in a process of its own (see ``harness.isolation``)."""
 
-    def __init__(self, *, cell: Cell, run_dir: Path, limits: Limits, **kwargs: Any) -> None:
+    def __init__(
+        self, *, cell: Cell, run_dir: Path, limits: Limits, trace: bool, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.cell = cell
         self.run_dir = run_dir
         self.limits = limits
+        self.trace = trace
 
     def runtest(self) -> None:
         threads = int(os.environ.get("AMPMATRIX_THREADS", "1"))
         worker = worker_id(self.config)
         try:
-            record = run_cell_isolated(self.cell, worker, self.limits, threads)
+            record = run_cell_isolated(self.cell, worker, self.limits, threads, self.trace)
         except Exception as error:  # the harness failed around the cell: record why
             record = execute.harness_failure(self.cell, error, worker)
         storage.append_record(self.run_dir, record)

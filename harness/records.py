@@ -93,6 +93,10 @@ class CrashKind(str, Enum):
     HARNESS = "harness"
 
 
+#: The flag of a cell that ran but left its mode's promise (see :mod:`harness.precision`).
+DRIFT = "drift"
+
+
 @dataclass(frozen=True)
 class Flag:
     """Something a cell's precision mode promised and the cell did not do. A flagged cell is

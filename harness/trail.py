@@ -188,11 +188,15 @@ class Names:
 class DtypeTracer(TorchDispatchMode):
     """Watches every aten op of one run of a fix (see the module docstring)."""
 
-    def __init__(self, low: torch.dtype, names: Names, python: PythonWatch) -> None:
+    def __init__(
+        self, low: torch.dtype, names: Names, python: PythonWatch, root: Any = None
+    ) -> None:
         super().__init__()
         self.low = low
         self.names = names
         self.python = python
+        #: The workload's model: module paths are named from it where it is on the stack.
+        self.root = root if isinstance(root, nn.Module) else None
         self.promotion: Promotion | None = None
         self.failure: Site | None = None
         self.compute: dict[str, dict[str, None]] = {}
@@ -312,7 +316,7 @@ class DtypeTracer(TorchDispatchMode):
         device = inputs[0].device.type if inputs else "cpu"
         return Site(
             op=op_name(func),
-            module=module_path(frame),
+            module=module_path(frame, self.root),
             location=user_location(frame),
             input_dtypes=tuple(dtype_name(t.dtype) for t in inputs),
             autocast=self.autocast_dtype(device),
@@ -332,7 +336,7 @@ class DtypeTracer(TorchDispatchMode):
             return None
         if self.failure is not None and self.failure_message == str(error):
             return self.failure
-        return failure_from_traceback(error)
+        return failure_from_traceback(error, self.root)
 
     def drift(self) -> dict[str, tuple[str, ...]]:
         """Kernel kind -> wider dtypes it computed in (not counting kept fp32 parts)."""
@@ -353,8 +357,10 @@ def user_location(frame: FrameType | None) -> str | None:
     return None
 
 
-def module_path(frame: FrameType | None) -> str | None:
-    """The dotted path of the innermost module running, from the outermost one on the stack."""
+def module_path(frame: FrameType | None, root: nn.Module | None = None) -> str | None:
+    """The dotted path of the innermost module running: named from the workload's model
+    (``root``) when it holds that module, else from the outermost module on the stack; the
+    class name for the root itself."""
     modules = [
         module
         for f in frames_outward(frame)
@@ -362,12 +368,13 @@ def module_path(frame: FrameType | None) -> str | None:
     ]
     if not modules:
         return None
-    inner, outer = modules[0], modules[-1]
-    if inner is outer:
-        return type(outer).__name__
-    for name, candidate in outer.named_modules():
-        if candidate is inner:
-            return name
+    inner = modules[0]
+    for outer in (root, modules[-1]):
+        if outer is None:
+            continue
+        for name, candidate in outer.named_modules():
+            if candidate is inner:
+                return name or type(inner).__name__
     return type(inner).__name__
 
 
@@ -395,7 +402,7 @@ def core_of_active_tracer(observation: CoreObservation) -> Iterator[None]:
         tracer.core = previous
 
 
-def failure_from_traceback(error: BaseException) -> Site | None:
+def failure_from_traceback(error: BaseException, root: nn.Module | None = None) -> Site | None:
     """Where an error that no traced op raised (an input check in a composite op such as
     SDPA, or a Python-level check) came from: the innermost call in the case's or model's
     own code, with the dtypes of the tensors it passed."""
@@ -409,7 +416,7 @@ def failure_from_traceback(error: BaseException) -> Site | None:
     dtypes = tuple(dtype_name(t.dtype) for t in args)
     return Site(
         op=callee or "?",
-        module=module_path(frames[-1].tb_frame if frames else frame),
+        module=module_path(frames[-1].tb_frame if frames else frame, root),
         location=shown(frame.f_code.co_filename, line),
         input_dtypes=dtypes,
     )

@@ -29,10 +29,21 @@ class Site:
         return " ".join(p for p in (module, location) if p)
 
     def describe(self) -> str:
-        inputs = f" [{', '.join(self.input_dtypes)}]" if self.input_dtypes else ""
+        inputs = f" [{runs_of(self.input_dtypes)}]" if self.input_dtypes else ""
         amp = f" under autocast({self.autocast})" if self.autocast else ""
         where = self.where()
         return f"{self.op}{inputs}{amp}" + (f" {where}" if where else "")
+
+
+def runs_of(dtypes: tuple[str, ...]) -> str:
+    """``float32, float32, float16`` -> ``2x float32, float16``."""
+    runs: list[list[Any]] = []
+    for dtype in dtypes:
+        if runs and runs[-1][0] == dtype:
+            runs[-1][1] += 1
+        else:
+            runs.append([dtype, 1])
+    return ", ".join(f"{n}x {d}" if n > 1 else d for d, n in runs)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import pandas as pd
 
 from harness import storage
 from harness.axes import DTYPES, MODE_NAMES, rank
-from harness.records import REPRODUCES, CellRecord, Outcome, base_label, outcome_label
+from harness.records import DRIFT, REPRODUCES, CellRecord, Outcome, base_label, outcome_label
 from harness.speed import SpeedRatios, record_key, speed_ratios
 from harness.summary import failure_line
 from harness.versions import version_key
@@ -70,6 +70,18 @@ def record_row(
         "label": outcome_label(record),
         "base_label": base_label(record),
         "failure": failure_line(record),
+        "promotion": record.trail.promotion.describe()
+        if record.trail and record.trail.promotion
+        else None,
+        "failure_site": record.trail.failure_site.describe()
+        if record.trail and record.trail.failure_site
+        else None,
+        "compute": "; ".join(
+            f"{kind}: {'+'.join(dtypes)}" for kind, dtypes in record.trail.compute_dtypes.items()
+        )
+        if record.trail
+        else None,
+        "drift": any(flag.kind == DRIFT for flag in record.flags),
         "reproduces": record.reproduces,
         "error_type": record.error_type,
         "error_message": record.error_message,

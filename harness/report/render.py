@@ -20,7 +20,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from harness import storage
 from harness.axes import MODES
-from harness.records import LABELS
+from harness.records import DRIFT, LABELS
 from harness.report import aggregate, plots
 from harness.report.aggregate import Run
 from harness.report.compare import Comparison
@@ -34,9 +34,14 @@ CSS_CLASS = {label.text: label.css for label in LABELS}
 
 def css_for(label: str) -> str:
     """The CSS class of a label; a flagged one (``passes[no-autocast]``) gets ``flagged``
-    too, so it never looks like a plain pass."""
+    too, so it never looks like a plain pass, and a drifting one ``drift`` as well."""
     base, _, flags = label.partition("[")
-    return CSS_CLASS.get(base, "missing") + (" flagged" if flags else "")
+    drift = DRIFT in flags.rstrip("]").split(",")
+    return (
+        CSS_CLASS.get(base, "missing")
+        + (" flagged" if flags else "")
+        + (" drift" if drift else "")
+    )
 
 
 ISSUE_REF = re.compile(r"^(?P<repo>[\w.-]+/[\w.-]+)#(?P<number>\d+)$")
@@ -181,7 +186,25 @@ def case_view(frame: pd.DataFrame, case: str, meta: dict[str, Any] | None) -> di
         "rows": cell_rows(mine[mine["outcome"] != "skipped"]),
         "skipped": skipped_summary(mine),
         "messages": messages(mine),
+        "trails": trails(mine),
     }
+
+
+def trails(case_frame: pd.DataFrame) -> list[dict[str, str]]:
+    """The dtype trail of every cell that raised or drifted: where the wider dtype entered,
+    where it failed, what the kernels computed in."""
+    shown = case_frame[(case_frame["outcome"] == "raises") | case_frame["drift"].fillna(False)]
+    return [
+        {
+            "where": f"{r.row} · {r.env} · {r.dtype}/{r.mode}",
+            "label": r.label,
+            "css": css_for(r.label),
+            "promotion": text_or_none(r.promotion) or "no op left the cell's dtype",
+            "failure": text_or_none(r.failure_site) or "-",
+            "compute": text_or_none(r.compute) or "-",
+        }
+        for r in shown.itertuples()
+    ]
 
 
 def environment_facts(run: Run) -> list[tuple[str, str]]:
