@@ -43,6 +43,8 @@ from harness.trail_records import Promotion, Site, Trail
 ORIGIN_ATTR = "_ampmatrix_origin"
 #: Set on wide tensors computed only from parts the case keeps in fp32 (views of them, say).
 KEPT_ATTR = "_ampmatrix_kept"
+#: The promotion a tensor descends from (kept through later ops, narrowing casts included).
+PROMOTION_ATTR = "_ampmatrix_promotion"
 AUTOCAST_KEYS = {
     "cpu": torch._C.DispatchKey.AutocastCPU,
     "cuda": torch._C.DispatchKey.AutocastCUDA,
@@ -203,6 +205,8 @@ class DtypeTracer(TorchDispatchMode):
         #: Compute dtypes wider than ``low`` that did not come from kept (fp32) parts.
         self.drifted: dict[str, dict[str, None]] = {}
         self.failure_message: str | None = None
+        self.failure_promotion: Promotion | None = None
+        self.drift_promotion: Promotion | None = None
         self.core: CoreObservation | None = None
         self.ops = 0
 
@@ -218,6 +222,7 @@ class DtypeTracer(TorchDispatchMode):
         except Exception as error:
             self.failure = self.site(func, inputs)
             self.failure_message = str(error)
+            self.failure_promotion = self.promotion_behind(func, inputs)
             raise
         self.observe(func, inputs, floating_tensors(out))
         return out
@@ -256,8 +261,18 @@ class DtypeTracer(TorchDispatchMode):
         if kind is not None:
             self.record_compute(func, kind, inputs)
         wide_out = [t for t in outputs if widens(t.dtype, self.low)]
-        if not wide_out:
-            return
+        if wide_out:
+            self.mark_wide(func, inputs, wide_out)
+        promotion = self.promotion_through(func, inputs, wide_out)
+        if promotion is not None:
+            for t in outputs:
+                if not isinstance(t, nn.Parameter):
+                    setattr(t, PROMOTION_ATTR, promotion)
+
+    def mark_wide(
+        self, func: Any, inputs: list[torch.Tensor], wide_out: list[torch.Tensor]
+    ) -> None:
+        """Remember where each wide output's dtype came from, and whether it is a kept part."""
         origin = self.origin_of(func, inputs)
         wide_in = [t for t in inputs if widens(t.dtype, self.low)]
         kept = bool(wide_in) and all(self.is_kept(t) for t in wide_in)
@@ -265,10 +280,25 @@ class DtypeTracer(TorchDispatchMode):
             if not hasattr(t, ORIGIN_ATTR) and not isinstance(t, nn.Parameter):
                 setattr(t, ORIGIN_ATTR, origin)
                 setattr(t, KEPT_ATTR, kept)
-        if self.promotion is None and any(t.dtype == self.low for t in inputs):
-            self.promotion = Promotion(
-                self.site(func, inputs), dtype_name(wide_out[0].dtype), origin
-            )
+
+    def promotion_through(
+        self, func: Any, inputs: list[torch.Tensor], wide_out: list[torch.Tensor]
+    ) -> Promotion | None:
+        """The promotion this op's outputs descend from. An op that widens a low-precision
+        input is a promotion; a cast back up of a tensor that descends from an earlier
+        promotion (narrowed on the way) keeps that earlier one, the root cause."""
+        inherited = promotion_of(inputs)
+        widening = wide_out and any(t.dtype == self.low for t in inputs)
+        if not widening:
+            return inherited
+        if inherited is not None and short_name(func) in CAST_OPS:
+            return inherited
+        promotion = Promotion(
+            self.site(func, inputs), dtype_name(wide_out[0].dtype), self.origin_of(func, inputs)
+        )
+        if self.promotion is None:
+            self.promotion = promotion
+        return promotion
 
     def record_compute(self, func: Any, kind: str, inputs: list[torch.Tensor]) -> None:
         device = inputs[0].device.type if inputs else "cpu"
@@ -281,6 +311,19 @@ class DtypeTracer(TorchDispatchMode):
         if wide and not any(self.is_kept(t) for t in wide):
             for t in wide:
                 self.drifted.setdefault(kind, {})[dtype_name(t.dtype)] = None
+            if self.drift_promotion is None:
+                self.drift_promotion = self.promotion_behind(func, inputs)
+
+    def promotion_behind(self, func: Any, inputs: list[torch.Tensor]) -> Promotion | None:
+        """Where the wide inputs of an op (one that failed or drifted) got their dtype: their
+        promotion, or, for a wide input straight from a parameter or a created tensor, this
+        op itself with that carrier."""
+        wide = [t for t in inputs if widens(t.dtype, self.low)]
+        if not wide or not any(t.dtype == self.low for t in inputs):
+            return promotion_of(wide)
+        return promotion_of(wide) or Promotion(
+            self.site(func, inputs), dtype_name(wide[0].dtype), self.origin_of(func, inputs)
+        )
 
     def is_kept(self, tensor: torch.Tensor) -> bool:
         """A part the case keeps in fp32 (``keep_fp32``), or computed from such parts only."""
@@ -323,24 +366,32 @@ class DtypeTracer(TorchDispatchMode):
         )
 
     def trail(self, error: BaseException | None) -> Trail:
-        """The trail of the run; ``error`` is what the fix raised, if anything."""
+        """The trail of the run; ``error`` is what the fix raised, if anything. Its promotion
+        is the one behind the failure, else behind the drift, else the first one."""
+        failure, behind_failure = self.failure_of(error)
         return Trail(
-            promotion=self.promotion,
-            failure_site=self.failure_of(error),
+            promotion=behind_failure or self.drift_promotion or self.promotion,
+            failure_site=failure,
             compute_dtypes={k: tuple(v) for k, v in self.compute.items()},
         )
 
-    def failure_of(self, error: BaseException | None) -> Site | None:
-        """The op that raised ``error``, or where the case's code called what raised it."""
+    def failure_of(self, error: BaseException | None) -> tuple[Site | None, Promotion | None]:
+        """The op that raised ``error`` (or where the case's code called what raised it), and
+        the promotion behind its wide inputs."""
         if error is None:
-            return None
+            return None, None
         if self.failure is not None and self.failure_message == str(error):
-            return self.failure
-        return failure_from_traceback(error, self.root)
+            return self.failure, self.failure_promotion
+        site, tensors = failure_from_traceback(error, self.root)
+        return site, promotion_of([t for t in tensors if widens(t.dtype, self.low)])
 
     def drift(self) -> dict[str, tuple[str, ...]]:
         """Kernel kind -> wider dtypes it computed in (not counting kept fp32 parts)."""
         return {k: tuple(v) for k, v in self.drifted.items()}
+
+
+def promotion_of(tensors: list[torch.Tensor]) -> Promotion | None:
+    return next((p for t in tensors if (p := getattr(t, PROMOTION_ATTR, None)) is not None), None)
 
 
 def frames_outward(frame: FrameType | None) -> Iterator[FrameType]:
@@ -402,24 +453,35 @@ def core_of_active_tracer(observation: CoreObservation) -> Iterator[None]:
         tracer.core = previous
 
 
-def failure_from_traceback(error: BaseException, root: nn.Module | None = None) -> Site | None:
+def failure_from_traceback(
+    error: BaseException, root: nn.Module | None = None
+) -> tuple[Site | None, list[torch.Tensor]]:
     """Where an error that no traced op raised (an input check in a composite op such as
-    SDPA, or a Python-level check) came from: the innermost call in the case's or model's
-    own code, with the dtypes of the tensors it passed."""
-    frames = [tb for tb in traceback_entries(error.__traceback__)]
+    SDPA, or a Python-level check) came from: the call in the case's or model's own code
+    that raised it, with the floating tensors it passed (and their dtypes)."""
+    frames = list(traceback_entries(error.__traceback__))
     user = [tb for tb in frames if not is_library_file(tb.tb_frame.f_code.co_filename)]
     if not user:
-        return None
+        return None, []
     entry = user[-1]
     frame, line = entry.tb_frame, entry.tb_lineno
-    callee, args = call_on_line(frame.f_code.co_filename, line, frame.f_locals)
-    dtypes = tuple(dtype_name(t.dtype) for t in args)
-    return Site(
+    callee, tensors = call_at(frame.f_code.co_filename, line, position(entry), frame.f_locals)
+    site = Site(
         op=callee or "?",
-        module=module_path(frames[-1].tb_frame if frames else frame, root),
+        module=module_path(frames[-1].tb_frame, root),
         location=shown(frame.f_code.co_filename, line),
-        input_dtypes=dtypes,
+        input_dtypes=tuple(dtype_name(t.dtype) for t in tensors),
     )
+    return site, tensors
+
+
+def position(entry: TracebackType) -> tuple[int, int] | None:
+    """(line, column) where the raising instruction starts (Python 3.11+), else None."""
+    positions = getattr(entry.tb_frame.f_code, "co_positions", None)
+    if positions is None:
+        return None
+    found = list(positions())[entry.tb_lasti // 2]
+    return (found[0], found[2]) if found[0] is not None and found[2] is not None else None
 
 
 def traceback_entries(tb: TracebackType | None) -> Iterator[TracebackType]:
@@ -428,23 +490,20 @@ def traceback_entries(tb: TracebackType | None) -> Iterator[TracebackType]:
         tb = tb.tb_next
 
 
-def call_on_line(
-    filename: str, line: int, local_vars: dict[str, Any]
+def call_at(
+    filename: str, line: int, start: tuple[int, int] | None, local_vars: dict[str, Any]
 ) -> tuple[str | None, list[torch.Tensor]]:
-    """The call that starts on (or spans) a source line, as written, and the floating tensors
-    among the names it passes."""
-    candidates = [
-        node
-        for node in calls_in(filename)
-        if node.lineno <= line <= (node.end_lineno or node.lineno)
-    ]
-    if not candidates:
+    """The call that raised, as written (the call starting at ``start`` when known, else the
+    innermost call on the line), and the floating tensors among the names it passes."""
+    spanning = [n for n in calls_in(filename) if n.lineno <= line <= (n.end_lineno or n.lineno)]
+    exact = [n for n in spanning if start and (n.lineno, n.col_offset) == start]
+    if not (exact or spanning):
         return None, []
-    call = max(candidates, key=lambda n: (n.lineno, -((n.end_lineno or 0) - n.lineno)))
+    call = (exact or sorted(spanning, key=lambda n: (n.lineno, n.col_offset)))[-1]
     passed = [*call.args, *(k.value for k in call.keywords)]
     names = [a.id for a in passed if isinstance(a, ast.Name)]
-    tensors = [local_vars.get(n) for n in names]
-    floats = [t for t in tensors if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    values = [local_vars.get(n) for n in names]
+    floats = [t for t in values if isinstance(t, torch.Tensor) and t.is_floating_point()]
     return ast.unparse(call.func), floats
 
 
