@@ -5,7 +5,9 @@
 2. the harness's overhead per timed cell beyond the measured time;
 3. wall time of the default matrix with and without the timing phase;
 4. repeatability of fix rankings over three timed runs of the default matrix (ties within
-   noise allowed and reported as ties).
+   noise allowed and reported as ties);
+5. the cost of the dtype tracer: the default matrix's correctness phase with and without it
+   (``--no-trace``), alternated, as ratios of wall time and of the time inside the cells.
 """
 
 from __future__ import annotations
@@ -175,6 +177,31 @@ def ranking_repeatability(run_dirs: Sequence[Path]) -> None:
     print(f"   {consistent} of {len(per_run[0])} columns ranked in the same order in every run\n")
 
 
+def cell_seconds(run_dir: Path) -> float:
+    """Time spent inside the cells of a run (build, fix, judging), without process start-up."""
+    return sum(r.duration_s or 0.0 for r in storage.read_records(run_dir))
+
+
+def tracer_cost(tmp: Path, rounds: int) -> None:
+    walls: dict[bool, list[float]] = {True: [], False: []}
+    inside: dict[bool, list[float]] = {True: [], False: []}
+    for n in range(rounds):
+        for trace in (True, False):
+            flags = ("--no-timing",) if trace else ("--no-timing", "--no-trace")
+            run_dir, wall = run_matrix(tmp / f"trace{trace}{n}", *flags)
+            walls[trace].append(wall)
+            inside[trace].append(cell_seconds(run_dir))
+    wall_ratio = statistics.median(walls[True]) / statistics.median(walls[False])
+    inside_ratio = statistics.median(inside[True]) / statistics.median(inside[False])
+    print(
+        f"5. dtype tracer cost, default matrix correctness phase ({rounds} alternated runs "
+        f"each): wall {statistics.median(walls[True]):.1f} s traced vs "
+        f"{statistics.median(walls[False]):.1f} s untraced (ratio {wall_ratio:.2f}); time "
+        f"inside cells {statistics.median(inside[True]):.2f} s vs "
+        f"{statistics.median(inside[False]):.2f} s (ratio {inside_ratio:.2f})\n"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -190,6 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"3. default matrix wall time: without timing {untimed_s:.1f} s; with timing {walls}\n"
         )
         ranking_repeatability([d for d, _ in timed_runs])
+        tracer_cost(Path(tmp), args.rounds)
     return 0
 
 

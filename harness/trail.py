@@ -34,7 +34,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from harness.observe import CoreObservation
 from harness.precision import autocast_enabled, dtype_name, is_compute_call
@@ -141,8 +140,18 @@ def watch_python(watch: PythonWatch) -> Iterator[None]:
 
 
 def floating_tensors(tree: Any) -> list[torch.Tensor]:
-    leaves, _ = tree_flatten(tree)
-    return [t for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    """The floating tensors of an op's arguments or result (flat, or one level of lists, as
+    aten ops take them; anything deeper is flattened the slow way)."""
+    if isinstance(tree, torch.Tensor):
+        return [tree] if tree.is_floating_point() else []
+    found = []
+    for item in tree.values() if isinstance(tree, dict) else tree:
+        if isinstance(item, torch.Tensor):
+            if item.is_floating_point():
+                found.append(item)
+        elif isinstance(item, (list, tuple, dict)):
+            found += floating_tensors(item)
+    return found
 
 
 def op_name(func: Any) -> str:
@@ -214,34 +223,32 @@ class DtypeTracer(TorchDispatchMode):
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
         kwargs = kwargs or {}
-        inputs = floating_tensors((args, kwargs))
+        inputs = floating_tensors(args) + (floating_tensors(kwargs) if kwargs else [])
         self.ops += 1
+        switched = self.autocast_switched_on()
         try:
-            with self.autocast_as_python_set_it():
-                out = func(*args, **kwargs)
+            out = func(*args, **kwargs)
         except Exception as error:
             self.failure = self.site(func, inputs)
             self.failure_message = str(error)
             self.failure_promotion = self.promotion_behind(func, inputs)
             raise
-        self.observe(func, inputs, floating_tensors(out))
-        return out
-
-    @contextmanager
-    def autocast_as_python_set_it(self) -> Iterator[None]:
-        """Autocast back on for the op where Python code had it on (see module docstring)."""
-        switched = [
-            AUTOCAST_KEYS[device]
-            for device, on in self.python.enabled.items()
-            if on and torch._C._dispatch_tls_is_dispatch_key_excluded(AUTOCAST_KEYS[device])
-        ]
-        for key in switched:
-            torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
-        try:
-            yield
         finally:
             for key in switched:
                 torch._C._dispatch_tls_set_dispatch_key_excluded(key, True)
+        self.observe(func, inputs, floating_tensors(out) if out is not None else [])
+        return out
+
+    def autocast_switched_on(self) -> list[Any]:
+        """Autocast back on for the op where Python code had it on (see module docstring);
+        the keys switched, to switch off again after the op."""
+        switched = []
+        for device, on in self.python.enabled.items():
+            key = AUTOCAST_KEYS[device]
+            if on and torch._C._dispatch_tls_is_dispatch_key_excluded(key):
+                torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
+                switched.append(key)
+        return switched
 
     def autocast_dtype(self, device_type: str) -> str | None:
         if not self.python.enabled.get(device_type, False):
