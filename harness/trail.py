@@ -144,6 +144,8 @@ def floating_tensors(tree: Any) -> list[torch.Tensor]:
     aten ops take them; anything deeper is flattened the slow way)."""
     if isinstance(tree, torch.Tensor):
         return [tree] if tree.is_floating_point() else []
+    if not isinstance(tree, (list, tuple, dict)):
+        return []  # a number, None, or an opaque object (a profiler record, say)
     found = []
     for item in tree.values() if isinstance(tree, dict) else tree:
         if isinstance(item, torch.Tensor):
@@ -183,13 +185,21 @@ class Names:
 
     @classmethod
     def of_workload(cls, model: Any, inputs: dict[str, Any], keep: tuple[str, ...]) -> Names:
-        from harness.precision import is_kept, named_tensors
+        from harness.precision import is_kept, plain_tensor_attributes
 
         names = cls()
-        for name, tensor in named_tensors(model):
-            names.by_id[id(tensor)] = f"parameter {name}"
-            if is_kept(name, keep):
-                names.kept.add(id(tensor))
+        if isinstance(model, nn.Module):
+            for kind, named in (
+                ("parameter", model.named_parameters()),
+                ("buffer", model.named_buffers()),
+                ("tensor attribute", plain_tensor_attributes(model)),
+            ):
+                for name, tensor in named:
+                    names.by_id[id(tensor)] = f"{kind} {name}"
+                    if is_kept(name, keep):
+                        names.kept.add(id(tensor))
+        elif isinstance(model, torch.Tensor):
+            names.by_id[id(model)] = "the model tensor"
         for key, value in inputs.items():
             for n, t in enumerate(floating_tensors(value)):
                 names.by_id.setdefault(id(t), f"input {key}" + (f"[{n}]" if n else ""))

@@ -20,7 +20,7 @@ from harness.precision import (
     leftover_precision,
     output_leaves,
 )
-from harness.records import Cell, CellRecord, CrashKind, Outcome, outcome_label
+from harness.records import DRIFT, Cell, CellRecord, CrashKind, Outcome, outcome_label
 from harness.trail import PythonWatch, watch_python
 from tests.conftest import CONTRACT_CASES, ROOT, only_run_dir, run_cases
 
@@ -140,16 +140,21 @@ def run(case: str, fix: str, dtype: str, mode: str) -> CellRecord:
 
 def test_a_case_that_forgets_autocast_is_flagged(contract_registry: None) -> None:
     forgot = run("toy-self-managed", "none", "bfloat16", "autocast")
-    assert forgot.outcome is Outcome.PASSES and [f.kind for f in forgot.flags] == [NO_AUTOCAST]
-    assert outcome_label(forgot) == "passes[no-autocast]"
+    assert forgot.outcome is Outcome.PASSES
+    assert [f.kind for f in forgot.flags] == [NO_AUTOCAST, DRIFT]  # its matmul ran in fp32
+    assert outcome_label(forgot) == "passes[no-autocast,drift]"
     assert not run("toy-self-managed", "enters-autocast", "bfloat16", "autocast").flags
     assert not run("toy-self-managed", "none", "float32", "fp32").flags
 
 
 def test_a_forgotten_cast_is_flagged(contract_registry: None) -> None:
     half = run("toy-plain-attribute", "none", "bfloat16", "half")
-    assert [f.kind for f in half.flags] == [NOT_HALF] and "scale (float32)" in half.flags[0].detail
-    assert outcome_label(half) == "passes[not-half]"
+    assert [f.kind for f in half.flags] == [NOT_HALF, DRIFT]  # and its output is float32
+    assert "scale (float32)" in half.flags[0].detail
+    assert half.flags[1].detail.startswith(
+        "output is float32 (float32 enters via tensor attribute scale at aten::mul"
+    )
+    assert outcome_label(half) == "passes[not-half,drift]"
     assert not run("toy-plain-attribute", "none", "float32", "fp32").flags
 
 
@@ -187,7 +192,7 @@ def test_the_terminal_names_flags_and_errors(tmp_path: Path) -> None:
     result = run_cases(CONTRACT_CASES, mine, tmp_path)
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "toy-self-managed[none,cpu,bfloat16,autocast,eager]  passes[no-autocast]" in out
+    assert "toy-self-managed[none,cpu,bfloat16,autocast,eager]  passes[no-autocast,drift]" in out
     assert "! none bfloat16/autocast: no-autocast:" in out
     assert "! none bfloat16/half: not-half: after the fix the model holds scale (float32)" in out
     assert (

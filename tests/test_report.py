@@ -18,6 +18,7 @@ from harness.records import Flag
 from harness.report import aggregate
 from harness.report.compare import compare_runs, render_comparison
 from harness.report.render import render_report, write_report
+from harness.trail_records import Promotion, Site, Trail
 
 DATA = Path(__file__).parent / "data" / "runs"
 GOLDEN = Path(__file__).parent / "golden"
@@ -225,7 +226,15 @@ def test_a_flagged_cell_is_shown_flagged_and_never_recommended(tmp_path: Path) -
     assert "fp32-then-cast" not in aggregate.fixes_passing_everywhere(
         frame[frame["case"] == target.cell.case]
     )
+    drifting = next(r for r in records if r.cell.fix == "sdpa" and r.perf)
+    trail = Trail(
+        promotion=Promotion(Site("aten::_to_copy", None, "cases/s.py:9"), "float32", "a cast")
+    )
+    drift = Flag("drift", "attention computed in float32")
+    storage.append_record(run, dataclasses.replace(drifting, flags=(drift,), trail=trail))
     html = render_report(aggregate.load_runs([run]))
     assert 'class="o passes flagged">passes[no-autocast]<' in html
+    assert 'class="o passes flagged drift">passes[drift]<' in html
+    assert "float32 enters via a cast at aten::_to_copy (cases/s.py:9)" in html
     assert "no-autocast: the mode enters torch.autocast" in html
     assert "<b>half-autocast</b>: weights and inputs cast to the dtype, and run under" in html

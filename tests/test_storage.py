@@ -8,7 +8,16 @@ from pathlib import Path
 import pytest
 
 from harness import storage
-from harness.records import SCHEMA_VERSION, Cell, CellRecord, CrashKind, Numerics, Outcome
+from harness.records import (
+    SCHEMA_VERSION,
+    Cell,
+    CellRecord,
+    CrashKind,
+    Flag,
+    Numerics,
+    Outcome,
+)
+from harness.trail_records import Promotion, Site, Trail
 
 CELL = Cell("case-a", "none", "cpu", "float16", "half", "sdpa")
 RECORDS = [
@@ -22,6 +31,23 @@ RECORDS = [
         attn_dtype="float32+float16",
         duration_s=0.01,
         worker="gw0",
+        error_frames=("cases/a.py:12 in forward",),
+        flags=(Flag("drift", "attention computed in float32"),),
+        trail=Trail(
+            promotion=Promotion(
+                Site("aten::mul", "norm", "cases/a.py:9", ("float16", "float32")),
+                "float32",
+                "parameter norm.weight",
+            ),
+            failure_site=Site(
+                "F.scaled_dot_product_attention",
+                None,
+                "cases/a.py:12",
+                ("float32", "float16", "float16"),
+                autocast="float16",
+            ),
+            compute_dtypes={"matmul": ("float16", "float32")},
+        ),
     ),
     CellRecord(
         Cell("case-a", "fix-b", "cpu", "bfloat16", "autocast", "sdpa"),
@@ -67,6 +93,10 @@ def test_record_has_the_documented_flat_fields() -> None:
         "baseline_rel_err",
         "tolerance",
         "tolerance_rule",
+        "flags",
+        "promotion",
+        "failure_site",
+        "compute_dtypes",
     ):
         assert key in data
     assert data["schema_version"] == SCHEMA_VERSION

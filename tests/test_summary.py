@@ -69,3 +69,33 @@ def test_backends_become_part_of_the_row_when_several_ran() -> None:
     lines = render_summary(records).splitlines()
     assert lines[2].split() == ["none", "[flash-attn-contract]", "raises:repro"]
     assert lines[3].split() == ["none", "[sdpa]", "passes"]
+
+
+def test_a_raising_cell_shows_its_dtype_trail() -> None:
+    from harness.trail_records import Promotion, Site, Trail
+
+    trail = Trail(
+        promotion=Promotion(
+            Site("aten::mul", "blocks.0.attn", "models/x.py:123", ("bfloat16", "float32")),
+            "float32",
+            "parameter blocks.0.attn.scale_mul",
+        ),
+        failure_site=Site(
+            "aten::_flash_attention_forward", "blocks.0.attn", "models/x.py:130", ("float32",)
+        ),
+    )
+    raised = CellRecord(
+        Cell("case-a", "none", "cpu", "bfloat16", "autocast", "sdpa"),
+        "2.13.0",
+        Outcome.RAISES,
+        reproduces=True,
+        error_type="RuntimeError",
+        error_message="known",
+        trail=trail,
+    )
+    lines = render_summary([raised]).splitlines()
+    assert (
+        "  ! none bfloat16/autocast: float32 enters via parameter blocks.0.attn.scale_mul at "
+        "aten::mul in blocks.0.attn (models/x.py:123), fails at aten::_flash_attention_forward "
+        "[float32] in blocks.0.attn (models/x.py:130)"
+    ) in lines
