@@ -183,32 +183,33 @@ def run_seed(case: str, fix: str, dtype: str, mode: str, backend: str) -> Any:
     return execute.run_cell(Cell(case, fix, "cpu", dtype, mode, backend))
 
 
-def test_sana_float_of_q_and_k_then_attn_at_v(seeds: None) -> None:
-    record = run_seed("sana-softmax-float", "none", "float16", "half", "eager")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_sana_float_of_q_and_k_then_attn_at_v(seeds: None, dtype: str) -> None:
+    record = run_seed("sana-softmax-float", "none", dtype, "half", "eager")
     assert record.outcome is Outcome.RAISES and record.trail is not None
     promotion, failure = record.trail.promotion, record.trail.failure_site
     assert promotion is not None and failure is not None
     assert promotion.carrier == "an explicit cast (.float() / .to())"
     assert str(promotion.site.location).endswith("sana_softmax_float.py:121")  # q, k = q.float()
-    assert (failure.op, failure.input_dtypes) == ("aten::bmm", ("float32", "float16"))
+    assert (failure.op, failure.input_dtypes) == ("aten::bmm", ("float32", dtype))
     assert str(failure.location).endswith("sana_softmax_float.py:122")  # ... @ v
 
 
-def test_var_scale_mul_promotes_q_before_the_flash_kernel(seeds: None) -> None:
-    record = run_seed(
-        "var-normalize-promotion", "none", "bfloat16", "autocast", "flash-attn-contract"
-    )
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_var_scale_mul_promotes_q_before_the_flash_kernel(seeds: None, dtype: str) -> None:
+    record = run_seed("var-normalize-promotion", "none", dtype, "autocast", "flash-attn-contract")
     assert record.outcome is Outcome.RAISES and record.trail is not None
     promotion, failure = record.trail.promotion, record.trail.failure_site
     assert promotion is not None and failure is not None
     assert promotion.carrier == "parameter scale_mul_1H11"
     assert promotion.site.op == "aten::mul"
     assert failure.op == "self.flash_attn_func"
-    assert failure.input_dtypes == ("float32", "bfloat16", "bfloat16")
+    assert failure.input_dtypes == ("float32", dtype, dtype)
 
 
-def test_dia_fp32_norm_output_meets_the_half_kv_cache(seeds: None) -> None:
-    record = run_seed("dia-sdpa-kv-cache", "none", "bfloat16", "half", "sdpa")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_dia_fp32_norm_output_meets_the_half_kv_cache(seeds: None, dtype: str) -> None:
+    record = run_seed("dia-sdpa-kv-cache", "none", dtype, "half", "sdpa")
     if not TORCH_2_4:  # RMSNorm(fp32 weight)(half input) returns half on newer torch
         assert record.outcome is Outcome.PASSES and not record.flags
         assert record.trail is not None and record.trail.failure_site is None
@@ -219,19 +220,31 @@ def test_dia_fp32_norm_output_meets_the_half_kv_cache(seeds: None) -> None:
     assert promotion.carrier == "parameter pre_sa_norm.weight"
     assert promotion.site.module == "pre_sa_norm"
     assert failure.op == "F.scaled_dot_product_attention"
-    assert failure.input_dtypes == ("float32", "bfloat16", "bfloat16")
+    assert failure.input_dtypes == ("float32", dtype, dtype)
 
 
-def test_lightning_fast_path_fails_in_its_native_op(seeds: None) -> None:
-    record = run_seed("lightning-encoder-fastpath", "none", "bfloat16", "autocast", "sdpa")
+@pytest.mark.parametrize(
+    ("case", "dtype", "module", "autocast"),
+    [
+        ("lightning-encoder-fastpath", "float16", "layers.0", "float16"),
+        ("lightning-encoder-fastpath", "bfloat16", "layers.0", "bfloat16"),
+        # Lightning turns 16-mixed into bf16 on the CPU
+        ("lightning-trainer-validate", "float16", "encoder.layers.0", "bfloat16"),
+        ("lightning-trainer-validate", "bfloat16", "encoder.layers.0", "bfloat16"),
+    ],
+)
+def test_lightning_fast_path_fails_in_its_native_op(
+    seeds: None, case: str, dtype: str, module: str, autocast: str
+) -> None:
+    record = run_seed(case, "none", dtype, "autocast", "sdpa")
     if not TORCH_2_4:  # fixed by pytorch/pytorch#135936
-        assert record.outcome is Outcome.PASSES and not record.flags
+        assert record.outcome is not Outcome.RAISES and not record.flags
         return
     assert record.outcome is Outcome.RAISES and record.trail is not None
     failure = record.trail.failure_site
     assert failure is not None
     assert failure.op == "aten::_transformer_encoder_layer_fwd"
-    assert failure.module == "layers.0" and failure.autocast == "bfloat16"
+    assert (failure.module, failure.autocast) == (module, autocast)
 
 
 def test_a_fix_that_passes_by_computing_attention_in_fp32_drifts(seeds: None) -> None:
