@@ -16,7 +16,7 @@ from torch import nn
 from harness import execute, registry
 from harness.records import Cell, Outcome
 from harness.trail import DtypeTracer, Names, PythonWatch, tracing, watch_python
-from harness.trail_records import Trail
+from harness.trail_records import Promotion, Site, Trail
 
 HERE = Path(__file__).name
 TORCH_2_4 = torch.__version__.startswith("2.4.")
@@ -183,12 +183,18 @@ def run_seed(case: str, fix: str, dtype: str, mode: str, backend: str) -> Any:
     return execute.run_cell(Cell(case, fix, "cpu", dtype, mode, backend))
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_sana_float_of_q_and_k_then_attn_at_v(seeds: None, dtype: str) -> None:
-    record = run_seed("sana-softmax-float", "none", dtype, "half", "eager")
+def trail_of_raise(case: str, dtype: str, mode: str, backend: str) -> tuple[Promotion, Site]:
+    """The promotion and failure site of a seed case's upstream path that raises."""
+    record = run_seed(case, "none", dtype, mode, backend)
     assert record.outcome is Outcome.RAISES and record.trail is not None
     promotion, failure = record.trail.promotion, record.trail.failure_site
     assert promotion is not None and failure is not None
+    return promotion, failure
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_sana_float_of_q_and_k_then_attn_at_v(seeds: None, dtype: str) -> None:
+    promotion, failure = trail_of_raise("sana-softmax-float", dtype, "half", "eager")
     assert promotion.carrier == "an explicit cast (.float() / .to())"
     assert str(promotion.site.location).endswith("sana_softmax_float.py:121")  # q, k = q.float()
     assert (failure.op, failure.input_dtypes) == ("aten::bmm", ("float32", dtype))
@@ -197,10 +203,9 @@ def test_sana_float_of_q_and_k_then_attn_at_v(seeds: None, dtype: str) -> None:
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_var_scale_mul_promotes_q_before_the_flash_kernel(seeds: None, dtype: str) -> None:
-    record = run_seed("var-normalize-promotion", "none", dtype, "autocast", "flash-attn-contract")
-    assert record.outcome is Outcome.RAISES and record.trail is not None
-    promotion, failure = record.trail.promotion, record.trail.failure_site
-    assert promotion is not None and failure is not None
+    promotion, failure = trail_of_raise(
+        "var-normalize-promotion", dtype, "autocast", "flash-attn-contract"
+    )
     assert promotion.carrier == "parameter scale_mul_1H11"
     assert promotion.site.op == "aten::mul"
     assert failure.op == "self.flash_attn_func"
@@ -209,14 +214,12 @@ def test_var_scale_mul_promotes_q_before_the_flash_kernel(seeds: None, dtype: st
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_dia_fp32_norm_output_meets_the_half_kv_cache(seeds: None, dtype: str) -> None:
-    record = run_seed("dia-sdpa-kv-cache", "none", dtype, "half", "sdpa")
     if not TORCH_2_4:  # RMSNorm(fp32 weight)(half input) returns half on newer torch
+        record = run_seed("dia-sdpa-kv-cache", "none", dtype, "half", "sdpa")
         assert record.outcome is Outcome.PASSES and not record.flags
         assert record.trail is not None and record.trail.failure_site is None
         return
-    assert record.outcome is Outcome.RAISES and record.trail is not None
-    promotion, failure = record.trail.promotion, record.trail.failure_site
-    assert promotion is not None and failure is not None
+    promotion, failure = trail_of_raise("dia-sdpa-kv-cache", dtype, "half", "sdpa")
     assert promotion.carrier == "parameter pre_sa_norm.weight"
     assert promotion.site.module == "pre_sa_norm"
     assert failure.op == "F.scaled_dot_product_attention"
