@@ -36,7 +36,13 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.observe import CoreObservation
-from harness.precision import autocast_enabled, dtype_name, is_compute_call
+from harness.precision import (
+    autocast_enabled,
+    dtype_name,
+    is_compute_call,
+    is_kept,
+    plain_tensor_attributes,
+)
 from harness.trail_records import Promotion, Site, Trail
 
 ORIGIN_ATTR = "_ampmatrix_origin"
@@ -185,8 +191,6 @@ class Names:
 
     @classmethod
     def of_workload(cls, model: Any, inputs: dict[str, Any], keep: tuple[str, ...]) -> Names:
-        from harness.precision import is_kept, plain_tensor_attributes
-
         names = cls()
         if isinstance(model, nn.Module):
             for kind, named in (
