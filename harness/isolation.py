@@ -23,7 +23,7 @@ from multiprocessing.connection import Connection
 
 import torch
 
-from harness import execute
+from harness import execute, trail
 from harness.records import Cell, CellRecord, CrashKind, Outcome
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -37,8 +37,10 @@ class Limits:
 
 def warm_parent(cell: Cell) -> None:
     """Compute (and cache) what every cell of this case and dtype shares, single-threaded,
-    before forking: children inherit it instead of each recomputing it."""
+    before forking: children inherit it instead of each recomputing it. The dtype tracer's
+    first-use imports are done here too."""
     torch.set_num_threads(1)
+    trail.warm_up()
     try:
         execute.reference_leaves(cell.case)
         execute.baseline(cell.case, cell.dtype)

@@ -463,6 +463,16 @@ def tracing(tracer: DtypeTracer) -> Iterator[DtypeTracer]:
 ACTIVE: list[DtypeTracer] = []
 
 
+@lru_cache(maxsize=1)
+def warm_up() -> None:
+    """Enter a dispatch mode once: the first one in a process imports some 800 modules
+    (``torch._dynamo`` and its dependencies, about 2 s). A worker does it before forking its
+    cells, so no cell pays it inside its own time limit."""
+    watch = PythonWatch("cpu")
+    with tracing(DtypeTracer(torch.float16, Names(), watch)):
+        torch.zeros(1) + 1
+
+
 @contextmanager
 def core_of_active_tracer(observation: CoreObservation) -> Iterator[None]:
     """Inside ``attention_core()``: the active tracer records the core's kernels there."""
