@@ -238,3 +238,13 @@ def test_a_flagged_cell_is_shown_flagged_and_never_recommended(tmp_path: Path) -
     assert "float32 enters via a cast at aten::_to_copy (cases/s.py:9)" in html
     assert "no-autocast: the mode enters torch.autocast" in html
     assert "<b>half-autocast</b>: weights and inputs cast to the dtype, and run under" in html
+
+
+def test_a_plain_pass_that_starts_to_drift_is_a_regression() -> None:
+    from harness.report.compare import outcome_verdict
+
+    base = next(r for r in storage.read_records(NEW) if r.outcome.value == "passes")
+    drifted = dataclasses.replace(base, flags=(Flag("drift", "attention computed in float32"),))
+    assert outcome_verdict(base, drifted) == "regression"
+    assert outcome_verdict(drifted, base) == "improvement"
+    assert outcome_verdict(base, base) is None

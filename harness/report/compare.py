@@ -46,6 +46,8 @@ class Comparison:
 
 
 def outcome_verdict(base: CellRecord, head: CellRecord) -> str | None:
+    """A cell that passed and now fails, or passed plainly and now carries a flag (it
+    drifted, say), regressed; the reverse is an improvement."""
     before, after = outcome_label(base), outcome_label(head)
     if before == after:
         return None
@@ -53,7 +55,13 @@ def outcome_verdict(base: CellRecord, head: CellRecord) -> str | None:
         return "regression"
     if base.outcome in NOT_OK and head.outcome is Outcome.PASSES:
         return "improvement"
+    if clean_pass(base) != clean_pass(head):
+        return "improvement" if clean_pass(head) else "regression"
     return "changed"
+
+
+def clean_pass(record: CellRecord) -> bool:
+    return record.outcome is Outcome.PASSES and not record.flags
 
 
 def speed_change(
