@@ -49,7 +49,7 @@ def main() -> int:
         out = write_report(html, Path(tmp) / "out" / "report.html")
         elapsed = time.perf_counter() - started
         print(
-            f"5. report over {cells} cells in {len(runs)} runs: {elapsed:.1f} s "
+            f"6. report over {cells} cells in {len(runs)} runs: {elapsed:.1f} s "
             f"({out.stat().st_size / 1e6:.1f} MB of HTML)"
         )
     return 0
