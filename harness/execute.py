@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
@@ -128,6 +129,8 @@ class FixRun:
     error: BaseException | None = None
     flags: tuple[Flag, ...] = ()
     trail: Trail | None = None
+    #: Warnings the fix raised (``Category: first line``), recorded on the cell.
+    warnings: tuple[str, ...] = ()
 
 
 def run_fix_checked(case: Case, fix: str, ctx: RunContext, trace: bool = True) -> FixRun:
@@ -138,11 +141,13 @@ def run_fix_checked(case: Case, fix: str, ctx: RunContext, trace: bool = True) -
     names = Names.of_workload(workload.model, workload.inputs, case.keep_fp32)
     tracer = DtypeTracer(ctx.dtype, names, watch, root=workload.model)
     output, error = None, None
-    try:
-        with watch_python(watch), tracing(tracer) if trace else nullcontext():
-            output = call_fix(case, fix, workload, ctx)
-    except Exception as raised:  # every failure of the code under test is a result
-        error = raised
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with watch_python(watch), tracing(tracer) if trace else nullcontext():
+                output = call_fix(case, fix, workload, ctx)
+        except Exception as raised:  # every failure of the code under test is a result
+            error = raised
     trail = tracer.trail(error) if trace else None
     found = (
         no_autocast_flag(watch.seen, ctx.precision),
@@ -151,7 +156,21 @@ def run_fix_checked(case: Case, fix: str, ctx: RunContext, trace: bool = True) -
         if trace and error is None
         else None,
     )
-    return FixRun(output, error, tuple(f for f in found if f), trail)
+    return FixRun(output, error, tuple(f for f in found if f), trail, warning_texts(caught))
+
+
+#: At most this many distinct warnings are kept per cell, each cut to its first line.
+MAX_WARNINGS = 5
+
+
+def warning_texts(caught: list[warnings.WarningMessage]) -> tuple[str, ...]:
+    """The distinct warnings a fix raised, ``Category: first line``, in order."""
+    texts = (
+        f"{w.category.__name__}: {str(w.message).strip().splitlines()[0][:300]}"
+        for w in caught
+        if str(w.message).strip()
+    )
+    return tuple(dict.fromkeys(texts))[:MAX_WARNINGS]
 
 
 class ReferenceFailed(Exception):
@@ -209,7 +228,7 @@ def baseline(case_name: str, dtype: str) -> Baseline:
 
 def classify(case: Case, cell: Cell, run: FixRun, record: CellRecord) -> CellRecord:
     """Fill in the outcome and its evidence: the error, or the figures against the reference."""
-    record = replace(record, flags=run.flags, trail=run.trail)
+    record = replace(record, flags=run.flags, trail=run.trail, warnings=run.warnings)
     if run.error is not None:
         return raised(case, run.error, record)
     try:

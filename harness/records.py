@@ -175,6 +175,8 @@ class CellRecord:
     perf: Perf | None = None
     #: Timing was tried and failed (``Type: message``); the correctness record stands.
     timing_error: str | None = None
+    #: Warnings the fix raised (``Category: first line``, distinct, at most five).
+    warnings: tuple[str, ...] = ()
     #: Where a wider dtype entered and where the cell failed (``promotion``,
     #: ``failure_site`` and ``compute_dtypes`` in the JSON object).
     trail: Trail | None = None
@@ -191,7 +193,7 @@ class CellRecord:
                 data.update({g.name: nested.get(g.name) for g in dataclasses.fields(kind)})
             elif f.name == "flags":
                 data[f.name] = [dataclasses.asdict(flag) for flag in value]
-            elif f.name == "error_frames":
+            elif f.name in ("error_frames", "warnings"):
                 data[f.name] = list(value)
             elif f.name == "trail":
                 data.update(value.to_dict() if value else Trail().to_dict())
@@ -215,7 +217,16 @@ class CellRecord:
             else None
             for name, (kind, marker) in NESTED.items()
         }
-        typed = ("cell", "outcome", "flags", "error_frames", "crash_kind", "trail", *NESTED)
+        typed = (
+            "cell",
+            "outcome",
+            "flags",
+            "error_frames",
+            "warnings",
+            "crash_kind",
+            "trail",
+            *NESTED,
+        )
         plain: dict[str, Any] = {
             f.name: data.get(f.name) for f in dataclasses.fields(cls) if f.name not in typed
         }
@@ -225,6 +236,7 @@ class CellRecord:
             outcome=Outcome(data["outcome"]),
             flags=tuple(Flag(**flag) for flag in data.get("flags") or ()),
             error_frames=tuple(data.get("error_frames") or ()),
+            warnings=tuple(data.get("warnings") or ()),
             crash_kind=CrashKind(crash_kind) if crash_kind else None,
             trail=Trail.from_dict(data),
             **nested,

@@ -108,6 +108,7 @@ def failure_line(record: CellRecord) -> str | None:
         parts.insert(0, f"{finite}rel_err {n.rel_err:.3g}{leaf} > tolerance {n.tolerance:.3g}")
     if record.baseline_error:
         parts.append(f"baseline failed ({record.baseline_error}): tolerance is eps")
+    parts += [f"warns {text}" for text in record.warnings]
     return "; ".join(p for p in parts if p and p != "None") or None
 
 
@@ -127,6 +128,7 @@ def detail_lines(records: Sequence[CellRecord]) -> list[str]:
             r.flags
             or r.outcome in (Outcome.CRASHED, Outcome.TIMEOUT, Outcome.RAISES)
             or r.baseline_error
+            or r.warnings
         )
         and failure_line(r)
     ]

@@ -144,6 +144,9 @@ def test_a_case_that_forgets_autocast_is_flagged(contract_registry: None) -> Non
     assert [f.kind for f in forgot.flags] == [NO_AUTOCAST, DRIFT]  # its matmul ran in fp32
     assert outcome_label(forgot) == "passes[no-autocast,drift]"
     assert not run("toy-self-managed", "enters-autocast", "bfloat16", "autocast").flags
+    warned = run("toy-self-managed", "warns", "bfloat16", "autocast")
+    assert warned.outcome is Outcome.PASSES and not warned.flags
+    assert warned.warnings == ("DeprecationWarning: this code path is deprecated",)
     assert not run("toy-self-managed", "none", "float32", "fp32").flags
 
 
