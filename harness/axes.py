@@ -54,6 +54,10 @@ CONTROL_FIX = "none"
 #: documented input contract and computes with SDPA; it stands in where flash-attn is absent.
 BACKENDS = ("sdpa", "eager", "flash-attn", "flash-attn-contract")
 
+#: How the fix runs: ``eager``, or compiled whole with ``torch.compile(backend="inductor")``.
+COMPILE_MODES = ("eager", "inductor")
+EAGER = "eager"
+
 #: Device kinds a case may declare; ``cuda`` expands to every visible ``cuda:N``.
 DEVICE_KINDS = ("cpu", "cuda")
 

@@ -166,6 +166,9 @@ class Case:
     dtypes: ClassVar[tuple[str, ...]] = LOW_PRECISION_DTYPES
     modes: ClassVar[tuple[str, ...]] = ("half", "fp32")
     backends: ClassVar[tuple[str, ...]] = ("sdpa",)
+    #: ``("eager", "inductor")`` where eager and compiled runs may differ: the harness then
+    #: also runs each fix under ``torch.compile(backend="inductor")``.
+    compiles: ClassVar[tuple[str, ...]] = ("eager",)
     #: Modules that must be importable for the case to run; otherwise cells are skipped.
     requires: ClassVar[tuple[str, ...]] = ()
     #: The case's own time limit per cell in seconds (instead of the run's ``--timeout``).

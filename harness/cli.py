@@ -30,6 +30,7 @@ AXIS_FLAGS = {
     "dtype": "dtypes",
     "mode": "modes",
     "backend": "backends",
+    "compile": "compiles",
 }
 
 

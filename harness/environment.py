@@ -6,6 +6,7 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
+import shutil
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -90,8 +91,18 @@ def environment_skip_reason(cell: Cell, requires: tuple[str, ...] = ()) -> str |
         device_skip_reason(cell.device)
         or dtype_skip_reason(cell.device, cell.dtype)
         or backend_skip_reason(cell.device, cell.backend)
+        or compile_skip_reason(cell)
         or requirement_skip_reason(requires)
     )
+
+
+def compile_skip_reason(cell: Cell) -> str | None:
+    """Inductor on the CPU writes and builds C++: it needs a compiler."""
+    if cell.compile != "inductor" or not cell.device.startswith("cpu"):
+        return None
+    if any(shutil.which(cc) for cc in ("g++", "c++", "clang++")):
+        return None
+    return "torch.compile (inductor) on the CPU needs a C++ compiler; none found"
 
 
 def package_versions() -> dict[str, str | None]:

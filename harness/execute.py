@@ -113,11 +113,24 @@ def prepared_workload(case: Case, ctx: RunContext) -> Workload:
         raise WorkloadFailed(error) from error
 
 
-def call_fix(case: Case, fix: str, workload: Workload, ctx: RunContext) -> Any:
-    """One call of a fix, with the gradient mode and autocast the cell asks for."""
+def call_fix(
+    case: Case, fix: str, workload: Workload, ctx: RunContext, compiled: Any = None
+) -> Any:
+    """One call of a fix, with the gradient mode and autocast the cell asks for; through
+    ``compiled`` (the fix under ``torch.compile``) in a compiled cell."""
     grad = torch.enable_grad() if case.needs_grad else torch.no_grad()
     with grad, autocast_region(ctx.precision):
+        if compiled is not None:
+            return compiled(case, workload, ctx)
         return case.fixes[fix].func(case, workload, ctx)
+
+
+def compiled_fix(case: Case, fix: str, compile_mode: str) -> Any:
+    """The fix function under ``torch.compile`` for a compiled cell, else None. The whole
+    fix is compiled: Dynamo traces into the model calls it makes."""
+    if compile_mode == "eager":
+        return None
+    return torch.compile(case.fixes[fix].func, backend=compile_mode)
 
 
 @dataclass(frozen=True)
@@ -133,10 +146,15 @@ class FixRun:
     warnings: tuple[str, ...] = ()
 
 
-def run_fix_checked(case: Case, fix: str, ctx: RunContext, trace: bool = True) -> FixRun:
+def run_fix_checked(
+    case: Case, fix: str, ctx: RunContext, trace: bool = True, compile_mode: str = "eager"
+) -> FixRun:
     """Build, apply the precision, call the fix once under the dtype tracer; then check that
-    the precision took and that the computation kept the mode's promise."""
+    the precision took and that the computation kept the mode's promise. A compiled run is
+    neither traced nor watched (both would see Dynamo's work, not the model's)."""
     workload = prepared_workload(case, ctx)
+    compiled = compiled_fix(case, fix, compile_mode)
+    trace = trace and compiled is None
     watch = PythonWatch(ctx.device.type)
     names = Names.of_workload(workload.model, workload.inputs, case.keep_fp32)
     tracer = DtypeTracer(ctx.dtype, names, watch, root=workload.model)
@@ -144,16 +162,19 @@ def run_fix_checked(case: Case, fix: str, ctx: RunContext, trace: bool = True) -
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            with watch_python(watch), tracing(tracer) if trace else nullcontext():
-                output = call_fix(case, fix, workload, ctx)
+            with (
+                watch_python(watch) if compiled is None else nullcontext(),
+                tracing(tracer) if trace else nullcontext(),
+            ):
+                output = call_fix(case, fix, workload, ctx, compiled)
         except Exception as raised:  # every failure of the code under test is a result
             error = raised
     trail = tracer.trail(error) if trace else None
     found = (
-        no_autocast_flag(watch.seen, ctx.precision),
+        no_autocast_flag(watch.seen, ctx.precision) if compiled is None else None,
         not_half_flag(workload.model, ctx.precision, case.keep_fp32),
-        drift_flag(tracer.drift(), output, ctx.precision, trail)
-        if trace and error is None
+        drift_flag(tracer.drift() if trace else {}, output, ctx.precision, trail)
+        if error is None
         else None,
     )
     return FixRun(output, error, tuple(f for f in found if f), trail, warning_texts(caught))
@@ -255,6 +276,7 @@ def judged(case: Case, cell: Cell, leaves: Leaves, record: CellRecord) -> CellRe
         outcome=Outcome.PASSES if passed else Outcome.INACCURATE,
         out_dtype=out_dtype,
         numerics=worst if len(per_leaf) > 1 else replace(worst, leaf=None),
+        leaves=per_leaf if len(per_leaf) > 1 else None,
         baseline_error=base.error,
     )
 
@@ -310,14 +332,24 @@ def error_fields(error: BaseException, root: Path) -> dict[str, Any]:
 
 
 def raised(case: Case, error: BaseException, record: CellRecord) -> CellRecord:
+    """A cell whose fix raised. It reproduces when the error (or a class it derives from,
+    so Dynamo's ``TorchRuntimeError`` counts as a ``RuntimeError``) and message match."""
     fields = error_fields(error, case_root(case))
     assert case.failure is not None
+    failure = case.failure
+    kinds = [k.__name__ for k in type(error).__mro__]
     return replace(
         record,
         outcome=Outcome.RAISES,
-        reproduces=case.failure.matches(fields["error_type"], fields["error_message"]),
+        reproduces=any(failure.matches(kind, fields["error_message"]) for kind in kinds),
+        compile_error=from_compiler(error) if record.cell.compile != "eager" else None,
         **fields,
     )
+
+
+def from_compiler(error: BaseException) -> bool:
+    """Raised by ``torch.compile`` itself (Dynamo, fake-tensor tracing or Inductor)."""
+    return type(error).__module__.startswith(("torch._dynamo", "torch._inductor"))
 
 
 def crashed(record: CellRecord, kind: CrashKind, error: BaseException, case: Case) -> CellRecord:
@@ -343,7 +375,7 @@ def run_cell(cell: Cell, worker: str | None = None, trace: bool = True) -> CellR
     )
     ctx = context_for(case, cell)
     try:
-        run = run_fix_checked(case, cell.fix, ctx, trace)
+        run = run_fix_checked(case, cell.fix, ctx, trace, cell.compile)
         record = replace(record, attn_dtype=ctx.observation.summary())
         record = classify(case, cell, run, record)
     except ReferenceFailed as failure:
@@ -401,7 +433,8 @@ def prepare_call(cell: Cell) -> tuple[Callable[[], Any], torch.device]:
         torch.cuda.set_device(device)
     ctx = context_for(case, cell, observe=False)
     workload = prepared_workload(case, ctx)
-    return (lambda: call_fix(case, cell.fix, workload, ctx)), device
+    compiled = compiled_fix(case, cell.fix, cell.compile)
+    return (lambda: call_fix(case, cell.fix, workload, ctx, compiled)), device
 
 
 def same_output(first: Any, second: Any) -> bool:

@@ -31,6 +31,7 @@ class Selection:
     dtypes: tuple[str, ...] = ()
     modes: tuple[str, ...] = ()
     backends: tuple[str, ...] = ()
+    compiles: tuple[str, ...] = ()
 
     def keeps(self, cell: Cell) -> bool:
         return all(
@@ -41,6 +42,7 @@ class Selection:
                 (self.dtypes, cell.dtype),
                 (self.modes, cell.mode),
                 (self.backends, cell.backend),
+                (self.compiles, cell.compile),
             )
         )
 
@@ -89,7 +91,8 @@ def case_cells(case: Case, devices: Sequence[str]) -> Iterator[Cell]:
                 dtypes = (CONTROL_DTYPE,) if mode == CONTROL_MODE else case.dtypes
                 for dtype in dtypes:
                     for backend in fix.backends or case.backends:
-                        yield Cell(case.name, fix.name, device, dtype, mode, backend)
+                        for compiled in case.compiles:
+                            yield Cell(case.name, fix.name, device, dtype, mode, backend, compiled)
 
 
 def skip_reason(case: Case, cell: Cell) -> str | None:
@@ -124,6 +127,7 @@ def check_selection(cases: Sequence[Case], selection: Selection) -> None:
     )
     _check_names("mode", selection.modes, sorted({m for c in chosen for m in c.modes}))
     _check_names("backend", selection.backends, sorted({b for c in chosen for b in c.backends}))
+    _check_names("compile", selection.compiles, sorted({m for c in chosen for m in c.compiles}))
     for device in selection.devices:
         if device not in ("all", "cpu", "cuda") and not device.startswith("cuda:"):
             raise SelectionError(f"unknown device {device!r} (use cpu, cuda, cuda:N or all)")

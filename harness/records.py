@@ -37,16 +37,29 @@ class Cell:
     dtype: str
     mode: str
     backend: str
+    #: ``eager``, or ``inductor`` for a fix run under ``torch.compile``.
+    compile: str = "eager"
 
     @property
     def id(self) -> str:
-        """The cell's identity: ``case[fix,device,dtype,mode,backend]``."""
-        return f"{self.case}[{self.fix},{self.device},{self.dtype},{self.mode},{self.backend}]"
+        """The cell's identity: ``case[fix,device,dtype,mode,backend]``, with ``,inductor``
+        appended for a compiled cell."""
+        compiled = "" if self.compile == "eager" else f",{self.compile}"
+        return (
+            f"{self.case}[{self.fix},{self.device},{self.dtype},{self.mode},{self.backend}"
+            f"{compiled}]"
+        )
 
     @property
     def fix_and_backend(self) -> str:
         """A row label for tables whose case ran several backends: ``fix [backend]``."""
         return f"{self.fix} [{self.backend}]"
+
+    def row(self, show_backend: bool) -> str:
+        """The row label of tables: the fix, its backend where a case ran several, and how it
+        was compiled where it was (``none (inductor)``)."""
+        label = self.fix_and_backend if show_backend else self.fix
+        return label if self.compile == "eager" else f"{label} ({self.compile})"
 
     @property
     def column(self) -> Column:
@@ -58,7 +71,14 @@ class Cell:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Cell:
-        return cls(**{f.name: str(data[f.name]) for f in dataclasses.fields(cls)})
+        """A cell from its fields (records written before the compile axis are eager)."""
+        values = {}
+        for f in dataclasses.fields(cls):
+            if f.name in data:
+                values[f.name] = str(data[f.name])
+            elif f.default is dataclasses.MISSING:
+                raise KeyError(f.name)
+        return cls(**values)
 
 
 @dataclass(frozen=True, order=True)
@@ -175,6 +195,10 @@ class CellRecord:
     perf: Perf | None = None
     #: Timing was tried and failed (``Type: message``); the correctness record stands.
     timing_error: str | None = None
+    #: For an output of several tensors: each leaf's figures (``numerics`` is the worst).
+    leaves: dict[str, Numerics] | None = None
+    #: The error came from ``torch.compile`` itself (Dynamo or Inductor), not eager code.
+    compile_error: bool | None = None
     #: Warnings the fix raised (``Category: first line``, distinct, at most five).
     warnings: tuple[str, ...] = ()
     #: Where a wider dtype entered and where the cell failed (``promotion``,
@@ -195,6 +219,10 @@ class CellRecord:
                 data[f.name] = [dataclasses.asdict(flag) for flag in value]
             elif f.name in ("error_frames", "warnings"):
                 data[f.name] = list(value)
+            elif f.name == "leaves":
+                data[f.name] = (
+                    {k: dataclasses.asdict(v) for k, v in value.items()} if value else None
+                )
             elif f.name == "trail":
                 data.update(value.to_dict() if value else Trail().to_dict())
             else:
@@ -223,6 +251,7 @@ class CellRecord:
             "flags",
             "error_frames",
             "warnings",
+            "leaves",
             "crash_kind",
             "trail",
             *NESTED,
@@ -237,6 +266,9 @@ class CellRecord:
             flags=tuple(Flag(**flag) for flag in data.get("flags") or ()),
             error_frames=tuple(data.get("error_frames") or ()),
             warnings=tuple(data.get("warnings") or ()),
+            leaves={k: Numerics(**v) for k, v in data["leaves"].items()}
+            if data.get("leaves")
+            else None,
             crash_kind=CrashKind(crash_kind) if crash_kind else None,
             trail=Trail.from_dict(data),
             **nested,

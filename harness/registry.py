@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from harness.axes import BACKENDS, DEVICE_KINDS, DTYPES, MODES
+from harness.axes import BACKENDS, COMPILE_MODES, DEVICE_KINDS, DTYPES, MODES
 from harness.case import Case
 
 CASE_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
@@ -63,6 +63,7 @@ def _unknown_axis_values(case: Case) -> list[str]:
         "dtypes": tuple(DTYPES),
         "modes": MODES,
         "backends": BACKENDS,
+        "compiles": COMPILE_MODES,
     }
     problems = []
     for axis, allowed in axes.items():

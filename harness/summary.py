@@ -33,7 +33,7 @@ def column_order(key: tuple[str, ...]) -> tuple[object, ...]:
 
 
 def row_key(record: CellRecord, show_backend: bool) -> str:
-    return record.cell.fix_and_backend if show_backend else record.cell.fix
+    return record.cell.row(show_backend)
 
 
 def row_order(records: Sequence[CellRecord], show_backend: bool) -> list[str]:
@@ -99,6 +99,8 @@ def failure_line(record: CellRecord) -> str | None:
     parts = [flag.describe() for flag in record.flags]
     if record.trail and record.outcome is Outcome.RAISES:
         parts.insert(0, str(record.trail.describe()))
+    if record.compile_error and record.reproduces:
+        parts.insert(0, error_text(record))
     if (record.error_type or record.error_message) and not record.reproduces:
         parts.insert(0, error_text(record))
     elif record.outcome is Outcome.INACCURATE and record.numerics:
@@ -115,6 +117,7 @@ def failure_line(record: CellRecord) -> str | None:
 def error_text(record: CellRecord) -> str:
     where = f" (at {record.error_frames[-1]})" if record.error_frames else ""
     kind = f"{record.crash_kind.value}: " if record.crash_kind else ""
+    kind += "torch.compile failed: " if record.compile_error else ""
     first_line = (record.error_message or "").strip().splitlines()[:1]
     return f"{kind}{record.error_type}: {''.join(first_line)}{where}"
 

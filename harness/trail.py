@@ -178,6 +178,17 @@ def kernel_kind(func: Any) -> str | None:
     return "matmul" if name in MATMUL_OPS else None
 
 
+#: Attention kernels whose first three inputs are q, k and v; what follows (a float mask, a
+#: bias) is added to the scores and says nothing of the dtype the kernel computes in.
+QKV_FIRST_MARKERS = ("scaled_dot_product", "_flash_attention_forward", "_efficient_attention")
+
+
+def computed_inputs(func: Any, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The inputs whose dtype is the dtype a kernel computes in."""
+    name = short_name(func)
+    return inputs[:3] if any(marker in name for marker in QKV_FIRST_MARKERS) else inputs
+
+
 def widens(dtype: torch.dtype, low: torch.dtype) -> bool:
     return dtype.is_floating_point and torch.finfo(dtype).bits > torch.finfo(low).bits
 
@@ -325,6 +336,7 @@ class DtypeTracer(TorchDispatchMode):
         device = inputs[0].device.type if inputs else "cpu"
         if short_name(func) in FUSED_LAYER_OPS and self.autocast_dtype(device) is not None:
             return  # it autocasts inside: its inputs do not tell what it computes in
+        inputs = computed_inputs(func, inputs)
         seen = self.compute.setdefault(kind, {})
         for t in inputs:
             seen[dtype_name(t.dtype)] = None

@@ -62,7 +62,8 @@ def record_row(
     perf, numerics = record.perf, record.numerics
     return {
         **record.cell.to_dict(),
-        "fix_and_backend": record.cell.fix_and_backend,
+        "row_with_backend": record.cell.row(show_backend=True),
+        "row_without_backend": record.cell.row(show_backend=False),
         "run": run.name,
         "torch_version": record.torch_version,
         "env": env,
@@ -121,7 +122,7 @@ def records_frame(runs: Sequence[Run]) -> pd.DataFrame:
 def row_labels(frame: pd.DataFrame) -> pd.Series:
     """``fix``, or ``fix [backend]`` for cases that ran several backends."""
     backends = frame.groupby("case")["backend"].transform("nunique")
-    return frame["fix_and_backend"].where(backends > 1, frame["fix"])
+    return frame["row_with_backend"].where(backends > 1, frame["row_without_backend"])
 
 
 def env_order(frame: pd.DataFrame) -> list[str]:
