@@ -199,6 +199,8 @@ def describe_case(case: Case) -> list[str]:
         f"  devices:  {', '.join(case.devices)}   dtypes: {', '.join(case.dtypes)}",
         f"  modes:    {', '.join(case.modes)}   backends: {', '.join(case.backends)}",
     ]
+    if case.compiles != ("eager",):
+        lines.append(f"  compiles: {', '.join(case.compiles)}")
     if case.keep_fp32:
         lines.append(f"  keeps fp32: {', '.join(case.keep_fp32)}")
     if case.manages_precision:
