@@ -242,14 +242,12 @@ class DtypeTracer(TorchDispatchMode):
         self.failure_promotion: Promotion | None = None
         self.drift_promotion: Promotion | None = None
         self.core: CoreObservation | None = None
-        self.ops = 0
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
         kwargs = kwargs or {}
         inputs = floating_tensors(args) + (floating_tensors(kwargs) if kwargs else [])
-        self.ops += 1
         switched = self.autocast_switched_on()
         try:
             out = func(*args, **kwargs)
