@@ -39,7 +39,15 @@ from harness.precision import (
 )
 from harness.records import Cell, CellRecord, CrashKind, Flag, Numerics, Outcome
 from harness.timing import TimingConfig, measure_interleaved, stopwatch_for
-from harness.trail import DtypeTracer, Names, PythonWatch, tracing, watch_python
+from harness.trail import (
+    HARNESS_DIR,
+    DtypeTracer,
+    Names,
+    PythonWatch,
+    shown_path,
+    tracing,
+    watch_python,
+)
 from harness.trail_records import Trail
 
 #: Every cell of a case builds from the same seed, so all fixes and the reference see the
@@ -53,7 +61,6 @@ CONTRACT_NOTE = (
     "not the real flash-attn kernel"
 )
 REFERENCE_BACKENDS = ("sdpa", "eager")
-HARNESS_DIR = Path(__file__).resolve().parent
 
 Leaves = dict[str, torch.Tensor]
 
@@ -97,12 +104,16 @@ def apply_precision(workload: Workload, case: Case, ctx: RunContext) -> Workload
     return Workload(model=model, inputs=inputs)
 
 
-class WorkloadFailed(Exception):
-    """The case's ``build()`` raised, or its precision could not be applied."""
+class CaseCodeFailed(Exception):
+    """Something the case's code does before a cell can be judged raised ``error``."""
 
     def __init__(self, error: BaseException) -> None:
         super().__init__(f"{type(error).__name__}: {error}")
         self.error = error
+
+
+class WorkloadFailed(CaseCodeFailed):
+    """The case's ``build()`` raised, or its precision could not be applied."""
 
 
 def prepared_workload(case: Case, ctx: RunContext) -> Workload:
@@ -154,26 +165,29 @@ def run_fix_checked(
     neither traced nor watched (both would see Dynamo's work, not the model's)."""
     workload = prepared_workload(case, ctx)
     compiled = compiled_fix(case, fix, compile_mode)
-    trace = trace and compiled is None
     watch = PythonWatch(ctx.device.type)
-    names = Names.of_workload(workload.model, workload.inputs, case.keep_fp32)
-    tracer = DtypeTracer(ctx.dtype, names, watch, root=workload.model)
+    # the tracer needs the watch's autocast state; the no-autocast check needs its finding
+    watched = compiled is None and (trace or ctx.precision.uses_autocast)
+    tracer = None
+    if trace and compiled is None:
+        names = Names.of_workload(workload.model, workload.inputs, case.keep_fp32)
+        tracer = DtypeTracer(ctx.dtype, names, watch, root=workload.model)
     output, error = None, None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             with (
-                watch_python(watch) if compiled is None else nullcontext(),
-                tracing(tracer) if trace else nullcontext(),
+                watch_python(watch) if watched else nullcontext(),
+                tracing(tracer) if tracer is not None else nullcontext(),
             ):
                 output = call_fix(case, fix, workload, ctx, compiled)
         except Exception as raised:  # every failure of the code under test is a result
             error = raised
-    trail = tracer.trail(error) if trace else None
+    trail = tracer.trail(error) if tracer is not None else None
     found = (
-        no_autocast_flag(watch.seen, ctx.precision) if compiled is None else None,
+        no_autocast_flag(watch.seen, ctx.precision) if watched else None,
         not_half_flag(workload.model, ctx.precision, case.keep_fp32),
-        drift_flag(tracer.drift() if trace else {}, output, ctx.precision, trail)
+        drift_flag(tracer.drift() if tracer else {}, output, ctx.precision, trail)
         if error is None
         else None,
     )
@@ -194,12 +208,8 @@ def warning_texts(caught: list[warnings.WarningMessage]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(texts))[:MAX_WARNINGS]
 
 
-class ReferenceFailed(Exception):
+class ReferenceFailed(CaseCodeFailed):
     """The case's reference fix failed in float64: no cell of the case can be judged."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(f"{type(error).__name__}: {error}")
-        self.error = error
 
 
 def float64_leaves(output: Any) -> Leaves:
@@ -307,16 +317,9 @@ def own_frames(error: BaseException, root: Path) -> tuple[str, ...]:
         if Path(frame.filename).resolve().is_relative_to(root)
     ]
     return tuple(
-        f"{shown_path(Path(frame.filename))}:{frame.lineno} in {frame.name}"
+        f"{shown_path(frame.filename)}:{frame.lineno} in {frame.name}"
         for frame in frames[-MAX_FRAMES:]
     )
-
-
-def shown_path(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
 
 
 def case_root(case: Case) -> Path:

@@ -99,9 +99,9 @@ def failure_line(record: CellRecord) -> str | None:
     parts = [flag.describe() for flag in record.flags]
     if record.trail and record.outcome is Outcome.RAISES:
         parts.insert(0, str(record.trail.describe()))
-    if record.compile_error and record.reproduces:
-        parts.insert(0, error_text(record))
-    if (record.error_type or record.error_message) and not record.reproduces:
+    # the case's known error goes without saying, unless torch.compile itself raised it
+    known = record.reproduces and not record.compile_error
+    if (record.error_type or record.error_message) and not known:
         parts.insert(0, error_text(record))
     elif record.outcome is Outcome.INACCURATE and record.numerics:
         n = record.numerics

@@ -86,7 +86,7 @@ FUSED_LAYER_OPS = frozenset(
 CAST_OPS = frozenset({"_to_copy", "to", "_to_copy_out", "type_as", "copy"})
 
 TORCH_DIR = str(Path(torch.__file__).resolve().parent)
-HARNESS_DIR = str(Path(__file__).resolve().parent)
+HARNESS_DIR = Path(__file__).resolve().parent
 STDLIB_DIRS = tuple(
     str(Path(sysconfig.get_paths()[key]).resolve()) for key in ("stdlib", "platstdlib")
 )
@@ -100,15 +100,19 @@ def is_library_file(filename: str) -> bool:
         return True
     if path.startswith(STDLIB_DIRS) and "site-packages" not in path:
         return True
-    return path.startswith((TORCH_DIR, HARNESS_DIR)) or filename.startswith("<")
+    return path.startswith((TORCH_DIR, str(HARNESS_DIR))) or filename.startswith("<")
+
+
+def shown_path(filename: str | Path) -> str:
+    """A source file as the terminal shows it: relative to the working folder where it can be."""
+    try:
+        return str(Path(filename).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(filename)
 
 
 def shown(filename: str, line: int) -> str:
-    try:
-        rel = Path(filename).resolve().relative_to(Path.cwd())
-    except ValueError:
-        rel = Path(filename)
-    return f"{rel}:{line}"
+    return f"{shown_path(filename)}:{line}"
 
 
 @dataclass
