@@ -160,22 +160,30 @@ def plain_tensor_attributes(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
     ]
 
 
-def named_tensors(model: Any) -> list[tuple[str, torch.Tensor]]:
-    """Every tensor a model holds: parameters, buffers and plain tensor attributes."""
+def named_tensors(model: Any) -> list[tuple[str, str, torch.Tensor]]:
+    """Every tensor a model holds, as (kind, name, tensor): parameters, buffers and plain
+    tensor attributes of a module, or the model itself when it is a tensor."""
     if isinstance(model, torch.Tensor):
-        return [("model", model)]
+        return [("tensor", "model", model)]
     if not isinstance(model, nn.Module):
         return []
-    return [*model.named_parameters(), *model.named_buffers(), *plain_tensor_attributes(model)]
+    return [
+        (kind, name, tensor)
+        for kind, named in (
+            ("parameter", model.named_parameters()),
+            ("buffer", model.named_buffers()),
+            ("tensor attribute", plain_tensor_attributes(model)),
+        )
+        for name, tensor in named
+    ]
 
 
 def leftover_precision(model: Any, dtype: torch.dtype, keep: tuple[str, ...]) -> list[str]:
     """Floating tensors of ``model`` (parameters, buffers, plain tensor attributes) that are
     not in ``dtype`` and were not declared kept: ``name (float32)``."""
-    named = named_tensors(model)
     return [
         f"{name} ({dtype_name(t.dtype)})"
-        for name, t in named
+        for _, name, t in named_tensors(model)
         if t.is_floating_point() and t.dtype != dtype and not is_kept(name, keep)
     ]
 

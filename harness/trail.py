@@ -41,7 +41,7 @@ from harness.precision import (
     dtype_name,
     is_compute_call,
     is_kept,
-    plain_tensor_attributes,
+    named_tensors,
 )
 from harness.trail_records import Promotion, Site, Trail
 
@@ -207,18 +207,10 @@ class Names:
     @classmethod
     def of_workload(cls, model: Any, inputs: dict[str, Any], keep: tuple[str, ...]) -> Names:
         names = cls()
-        if isinstance(model, nn.Module):
-            for kind, named in (
-                ("parameter", model.named_parameters()),
-                ("buffer", model.named_buffers()),
-                ("tensor attribute", plain_tensor_attributes(model)),
-            ):
-                for name, tensor in named:
-                    names.by_id[id(tensor)] = f"{kind} {name}"
-                    if is_kept(name, keep):
-                        names.kept.add(id(tensor))
-        elif isinstance(model, torch.Tensor):
-            names.by_id[id(model)] = "the model tensor"
+        for kind, name, tensor in named_tensors(model):
+            names.by_id[id(tensor)] = f"{kind} {name}"
+            if is_kept(name, keep):
+                names.kept.add(id(tensor))
         for key, value in inputs.items():
             for n, t in enumerate(floating_tensors(value)):
                 names.by_id.setdefault(id(t), f"input {key}" + (f"[{n}]" if n else ""))
