@@ -51,10 +51,11 @@ def flash_attn_available() -> bool:
 def device_skip_reason(device: str) -> str | None:
     if device == "cpu":
         return None
-    if not torch.cuda.is_available():
+    visible = cuda_devices()
+    if not visible:
         return "no CUDA device visible"
-    if device not in cuda_devices():
-        return f"{device} is not visible (visible: {', '.join(cuda_devices())})"
+    if device not in visible:
+        return f"{device} is not visible (visible: {', '.join(visible)})"
     return None
 
 

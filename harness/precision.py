@@ -248,12 +248,14 @@ def drift_flag(
     trail: Trail | None,
 ) -> Flag | None:
     """The flag of a cell that ran but left its mode's promise: matmul or attention kernels
-    computing in a wider dtype than the cell's (kept fp32 parts aside), or, in the casting
-    modes, an output wider than the cell dtype. The detail says where the wider dtype entered."""
+    computing in a wider dtype than the cell's (kept fp32 parts aside), or, in ``half`` (a
+    casting mode without autocast), an output wider than the cell dtype. Under autocast an
+    output's dtype is the op policy's (CUDA autocast runs ``layer_norm`` and ``softmax`` in
+    float32), so only the kernels count there. The detail says where the wider dtype entered."""
     if precision.is_reference or precision.mode == "fp32":
         return None
     problems = [f"{kind} computed in {'+'.join(dtypes)}" for kind, dtypes in drifted.items()]
-    if precision.casts_model and output is not None:
+    if precision.casts_model and not precision.uses_autocast and output is not None:
         problems += [
             f"{'output' if name == 'output' else f'output {name}'} is {dtype_name(t.dtype)}"
             for name, t in output_leaves_or_none(output).items()

@@ -156,7 +156,7 @@ class Perf:
     time_noisy: bool
     timer: str
     threads: int
-    flops: int
+    flops: int | None
     gflops: float | None
     peak_gflops: float | None
     peak_fraction: float | None

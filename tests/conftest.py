@@ -34,10 +34,11 @@ def harness(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str
 def run_cases(
     cases_dir: Path, cases: str, out: Path, *extra: str
 ) -> subprocess.CompletedProcess[str]:
-    """``harness run`` of some cases of a folder, correctness only, on two workers."""
+    """``harness run`` of some cases of a folder on the CPU, correctness only, on two
+    workers (the same cells on a GPU box as on CI)."""
     return harness(
-        "run", "--cases-dir", str(cases_dir), "--case", cases, "--no-timing", "-n", "2",
-        "--out", str(out), *extra,
+        "run", "--cases-dir", str(cases_dir), "--case", cases, "--device", "cpu",
+        "--no-timing", "-n", "2", "--out", str(out), *extra,
     )  # fmt: skip
 
 

@@ -33,6 +33,7 @@ def test_cuda_cells_are_kept_as_skipped_when_no_gpu(
     toy: list[Case], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(matrix, "cuda_devices", lambda: [])
+    monkeypatch.setattr(environment, "cuda_devices", lambda: [])
     plan = expand(toy)
     assert {c.device for c in plan.to_run} == {"cpu"}
     assert {c.device for c, _ in plan.skipped} == {"cuda"}

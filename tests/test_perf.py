@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from harness import perf
 from harness.records import Cell, CellRecord, Outcome, Perf
@@ -32,6 +34,26 @@ def test_cpu_peak_memory_counts_live_tensors_not_rss() -> None:
 def test_flops_of_a_matmul() -> None:
     a, b = torch.randn(8, 16), torch.randn(16, 4)
     assert perf.count_flops(lambda: a @ b) == 2 * 8 * 16 * 4
+
+
+def test_flops_unknown_where_a_formula_refuses_the_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.11's SDPA formula asserts on the grouped-query shapes its CUDA kernels take:
+    the count is unknown (None) and the cell's timing is kept."""
+
+    def refusing_mm_formula(*args: object, **kwargs: object) -> int:
+        raise AssertionError("shapes are incompatible")
+
+    def counter(display: bool) -> FlopCounterMode:
+        return FlopCounterMode(
+            display=display, custom_mapping={torch.ops.aten.mm: refusing_mm_formula}
+        )
+
+    monkeypatch.setattr(perf, "FlopCounterMode", counter)
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    assert perf.count_flops(lambda: a @ b) is None
+    timing = Timing((0.002,), 1, 0.002, 0.0, 0.002, False, "fake")
+    record = perf.perf_record(timing, flops=None, memory=0, memory_method="m", peak_gflops=8.0)
+    assert (record.flops, record.gflops, record.peak_fraction) == (None, None, None)
 
 
 def test_perf_record_derives_throughput_and_fraction_of_peak() -> None:

@@ -212,7 +212,7 @@ def test_the_guide_shows_its_example_and_the_example_runs(tmp_path: Path) -> Non
     assert (
         f"```python\n{example.read_text()}```" in (ROOT / "docs" / "writing-a-case.md").read_text()
     )
-    result = run_cases(example.parent, "guide-fp32-norm-weight", tmp_path, "--device", "cpu")
+    result = run_cases(example.parent, "guide-fp32-norm-weight", tmp_path)
     assert result.returncode == 0, result.stderr
     labels = {
         (r.cell.fix, r.cell.mode): outcome_label(r)
