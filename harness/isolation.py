@@ -18,13 +18,16 @@ from __future__ import annotations
 import multiprocessing
 import resource
 import signal
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
+from typing import Any
 
 import torch
 
-from harness import execute, trail
+from harness import execute, perf, trail
 from harness.records import Cell, CellRecord, CrashKind, Outcome
+from harness.timing import TimingConfig
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -48,27 +51,71 @@ def warm_parent(cell: Cell) -> None:
         pass
 
 
+@dataclass(frozen=True)
+class Forked:
+    """What came back from a forked child: its value, or why none came."""
+
+    value: Any = None
+    #: None when the value came back; otherwise what happened to the child, in words.
+    failure: str | None = None
+    timed_out: bool = False
+
+
 def _child(
-    conn: Connection, cell: Cell, worker: str, memory_bytes: int | None, threads: int, trace: bool
+    conn: Connection, work: Callable[[], Any], memory_bytes: int | None, threads: int
 ) -> None:
-    """In the cell's own process: set limits, run the cell, send the record back."""
+    """In the child: set limits, do the work, send its value back."""
     if memory_bytes:
         resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))
     torch.set_num_threads(threads)
-    conn.send(execute.run_cell(cell, worker, trace).to_dict())
+    conn.send(work())
     conn.close()
 
 
-def describe_exit(exitcode: int | None) -> str:
+def describe_exit(exitcode: int | None, whose: str = "the cell's process") -> str:
     if exitcode is None:
-        return "the process did not exit"
+        return f"{whose} did not exit"
     if exitcode < 0:
         try:
             name = signal.Signals(-exitcode).name
         except ValueError:
             name = "unknown signal"
-        return f"the cell's process died from signal {-exitcode} ({name})"
-    return f"the cell's process exited with code {exitcode} without a record"
+        return f"{whose} died from signal {-exitcode} ({name})"
+    return f"{whose} exited with code {exitcode} without a result"
+
+
+def run_forked(
+    work: Callable[[], Any],
+    timeout_s: float,
+    threads: int,
+    memory_bytes: int | None = None,
+    whose: str = "the cell's process",
+) -> Forked:
+    """``work()`` in a forked child (nothing is pickled on the way in; its value is on the
+    way back), killed after ``timeout_s``; a child that dies says how."""
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_child, args=(send, work, memory_bytes, threads), daemon=True)
+    child.start()
+    send.close()
+    try:
+        if receive.poll(timeout_s):
+            try:
+                return Forked(value=receive.recv())
+            except EOFError:
+                pass  # the child died before sending: a crash, below
+        elif child.is_alive():
+            child.kill()
+            child.join()
+            return Forked(failure=f"no result after {timeout_s:g} s: {whose} was killed",
+                          timed_out=True)  # fmt: skip
+        child.join()
+        return Forked(failure=describe_exit(child.exitcode, whose))
+    finally:
+        receive.close()
+        if child.is_alive():
+            child.kill()
+            child.join()
 
 
 def run_cell_isolated(
@@ -76,33 +123,53 @@ def run_cell_isolated(
 ) -> CellRecord:
     """Run one cell in a child process, within its limits; always returns a record."""
     warm_parent(cell)
-    context = multiprocessing.get_context("fork")
-    receive, send = context.Pipe(duplex=False)
-    child = context.Process(
-        target=_child,
-        args=(send, cell, worker, limits.memory_bytes, threads, trace),
-        daemon=True,
+    forked = run_forked(
+        lambda: execute.run_cell(cell, worker, trace).to_dict(),
+        limits.timeout_s,
+        threads,
+        limits.memory_bytes,
     )
-    child.start()
-    send.close()
-    try:
-        if receive.poll(limits.timeout_s):
-            try:
-                return CellRecord.from_dict(receive.recv())
-            except EOFError:
-                pass  # the child died before sending: a crash, below
-        elif child.is_alive():
-            child.kill()
-            child.join()
-            message = f"no result after {limits.timeout_s:g} s: the cell's process was killed"
-            return execute.limit_record(cell, Outcome.TIMEOUT, "Timeout", message, worker)
-        child.join()
-        message = describe_exit(child.exitcode)
-        return execute.limit_record(
-            cell, Outcome.CRASHED, "ProcessDied", message, worker, CrashKind.PROCESS_DIED
-        )
-    finally:
-        receive.close()
-        if child.is_alive():
-            child.kill()
-            child.join()
+    if forked.failure is None:
+        return CellRecord.from_dict(forked.value)
+    if forked.timed_out:
+        return execute.limit_record(cell, Outcome.TIMEOUT, "Timeout", forked.failure, worker)
+    return execute.limit_record(
+        cell, Outcome.CRASHED, "ProcessDied", forked.failure, worker, CrashKind.PROCESS_DIED
+    )
+
+
+def time_column_isolated(
+    records: list[CellRecord], config: TimingConfig, worker: str, limits: Limits, threads: int
+) -> list[CellRecord]:
+    """Time a column in a child process. If the child dies or overruns, each cell is timed
+    again alone, so a fix that kills its process costs only its own figures."""
+    forked = run_forked(
+        lambda: [r.to_dict() for r in execute.time_column(records, config, worker)],
+        limits.timeout_s * len(records),
+        threads,
+        limits.memory_bytes,
+        whose="the timing process",
+    )
+    if forked.failure is None:
+        timed = [CellRecord.from_dict(data) for data in forked.value]
+        remember_peaks(timed)
+        return timed
+    if len(records) == 1:
+        failure = f"timing failed: {forked.failure}"[: execute.MAX_MESSAGE]
+        return [replace(records[0], timing_error=failure)]
+    return [
+        alone_note(time_column_isolated([r], config, worker, limits, threads)[0]) for r in records
+    ]
+
+
+def alone_note(record: CellRecord) -> CellRecord:
+    note = "timed alone: another fix of its column killed the shared timing process"
+    return replace(record, note=execute.join_notes(record.note, note))
+
+
+def remember_peaks(records: list[CellRecord]) -> None:
+    """The device peaks a child measured, kept in this process so later children (forked
+    from it) reuse them instead of measuring the large GEMM again."""
+    for record in records:
+        if record.perf and record.perf.peak_gflops:
+            perf.remember_peak(record.cell.device, record.cell.dtype, record.perf.peak_gflops)

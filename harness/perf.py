@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from functools import lru_cache
 from typing import Any
 
 import torch
@@ -95,9 +94,23 @@ def peak_memory(fn: Callable[[], Any], device: torch.device) -> tuple[int, str]:
     return peak_memory_cpu(fn), "cpu-profiler"
 
 
-@lru_cache(maxsize=16)
+#: Peaks measured by earlier timing processes of this worker, by (device, dtype).
+KNOWN_PEAKS: dict[tuple[str, str], float] = {}
+
+
+def remember_peak(device: str, dtype: str, gflops: float) -> None:
+    KNOWN_PEAKS[device, dtype] = gflops
+
+
 def peak_matmul_gflops(device: str, dtype: str) -> float:
-    """Measured matmul throughput of this device in this dtype (a large square GEMM)."""
+    """Measured matmul throughput of this device in this dtype (a large square GEMM), once
+    per worker."""
+    if (device, dtype) not in KNOWN_PEAKS:
+        remember_peak(device, dtype, measure_peak_gflops(device, dtype))
+    return KNOWN_PEAKS[device, dtype]
+
+
+def measure_peak_gflops(device: str, dtype: str) -> float:
     target = torch.device(device)
     stopwatch = stopwatch_for(target)
     for n in PEAK_GEMM_SIZES[target.type]:

@@ -21,7 +21,7 @@ import torch
 
 from harness import execute, registry, storage
 from harness.config import RunConfig
-from harness.isolation import Limits, run_cell_isolated
+from harness.isolation import Limits, run_cell_isolated, time_column_isolated
 from harness.records import Cell, CellRecord, CrashKind, Outcome, outcome_label
 from harness.summary import failure_line
 from harness.timing import TimingConfig
@@ -70,7 +70,12 @@ class PlanFile(pytest.File):
         for name, column in plan.get("columns", {}).items():
             records = [CellRecord.from_dict(data) for data in column]
             item = TimingItem.from_parent(
-                self, name=name, records=records, run_dir=run_dir, timing=timing
+                self,
+                name=name,
+                records=records,
+                run_dir=run_dir,
+                timing=timing,
+                limits=limits_for(records[0].cell, limits),
             )
             item.add_marker(pytest.mark.xdist_group(records[0].cell.device))
             yield item
@@ -114,16 +119,25 @@ class TimingItem(pytest.Item):
     record is appended again, now with its figures."""
 
     def __init__(
-        self, *, records: list[CellRecord], run_dir: Path, timing: TimingConfig, **kwargs: Any
+        self,
+        *,
+        records: list[CellRecord],
+        run_dir: Path,
+        timing: TimingConfig,
+        limits: Limits,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.records = records
         self.run_dir = run_dir
         self.timing = timing
+        self.limits = limits
 
     def runtest(self) -> None:
+        threads = int(os.environ.get("AMPMATRIX_THREADS", "1"))
+        worker = worker_id(self.config)
         try:
-            timed = execute.time_column(self.records, self.timing, worker_id(self.config))
+            timed = time_column_isolated(self.records, self.timing, worker, self.limits, threads)
         except Exception as error:  # keep each correctness record, say why timing failed
             failure = f"{type(error).__name__}: {error}"[: execute.MAX_MESSAGE]
             timed = [replace(r, timing_error=failure) for r in self.records]

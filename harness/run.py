@@ -76,16 +76,21 @@ def worker_count(workers: str, cells: Sequence[Cell]) -> int:
 
 #: pytest plugins the cell run does without: no cache files in the results directory, and
 #: the harness prints its own progress lines instead of pytest's.
-DISABLED_PLUGINS = ("cacheprovider", "terminal", "randomly")
+DISABLED_PLUGINS = ("cacheprovider", "terminal")
+NO_AUTOLOAD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
 
 
 def pytest_args(plan_path: Path, workers: int, grouped: bool = False) -> list[str]:
+    """The cell run's own pytest session. Plugins installed in the environment are not
+    loaded (``run_pytest`` turns autoload off): measured on a GPU box with pytest-timeout,
+    -benchmark, -cov and -mock installed, a worker crash in the timing phase was retried
+    until the session gave up, with nothing recorded."""
     args = [str(plan_path), "-c", os.devnull, "--rootdir", str(plan_path.parent)]
     args += ["-p", "harness.pytest_plugin", "--assert=plain"]
     for plugin in DISABLED_PLUGINS:
         args += ["-p", f"no:{plugin}"]
     if workers > 0:  # even one worker runs in its own process, so a crash costs one cell
-        args += ["-n", str(workers)]
+        args += ["-p", "xdist.plugin", "-n", str(workers)]
         if grouped:
             args += ["--dist", "loadgroup"]
     return args
@@ -97,7 +102,15 @@ def threads_per_worker(workers: int) -> int:
 
 def run_pytest(args: list[str], controller: Controller, threads: int) -> int:
     os.environ["AMPMATRIX_THREADS"] = str(threads)
-    return int(pytest.main(args, plugins=[controller]))
+    autoload = os.environ.get(NO_AUTOLOAD)
+    os.environ[NO_AUTOLOAD] = "1"  # inherited by the xdist workers
+    try:
+        return int(pytest.main(args, plugins=[controller]))
+    finally:
+        if autoload is None:
+            del os.environ[NO_AUTOLOAD]
+        else:
+            os.environ[NO_AUTOLOAD] = autoload
 
 
 def execute_cells(run_dir: Path, plan: Plan, workers: int, config: RunConfig) -> int:

@@ -109,6 +109,8 @@ def test_a_crashing_cell_costs_only_itself(tmp_path: Path) -> None:
     when_timed = records["abort-when-timed"]
     assert when_timed.outcome is Outcome.PASSES and when_timed.numerics is not None
     assert when_timed.perf is None and "died" in str(when_timed.timing_error)
+    # its column was timed in a process of its own: the others are timed alone instead
+    assert records["none"].perf is not None and "timed alone" in str(records["none"].note)
 
 
 def test_seed_case_reproduces_through_the_cli(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 
 from harness import run, storage
 from harness.config import RunConfig
+from harness.pytest_plugin import Controller
 from harness.records import Cell, CellRecord, Outcome
 from harness.timing import ClockStopwatch, CudaEventStopwatch, stopwatch_for
 
@@ -34,6 +36,25 @@ def test_timing_runs_one_worker_per_device_grouped_by_device(tmp_path: Path) -> 
     assert args[args.index("--dist") + 1] == "loadgroup"
     assert "--dist" not in run.pytest_args(tmp_path / "plan.json", workers=2)
     assert "-n" not in run.pytest_args(tmp_path / "plan.json", workers=0)
+
+
+def test_the_cell_run_loads_no_plugin_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Users' pytest plugins (timeouts, reruns, benchmarks) stay out of the cell run; xdist
+    is named explicitly, and the caller's setting comes back afterwards."""
+    seen: list[str | None] = []
+    monkeypatch.setenv(run.NO_AUTOLOAD, "0")
+
+    def main(*args: object, **kwargs: object) -> int:
+        seen.append(os.environ.get(run.NO_AUTOLOAD))
+        return 0
+
+    monkeypatch.setattr(pytest, "main", main)
+    args = run.pytest_args(tmp_path / "plan.json", workers=2)
+    assert run.run_pytest(args, Controller(tmp_path, {}), threads=1) == 0
+    assert seen == ["1"] and os.environ[run.NO_AUTOLOAD] == "0"
+    assert args[args.index("xdist.plugin") - 1] == "-p"
 
 
 def test_worker_count_never_exceeds_cells() -> None:
