@@ -14,7 +14,9 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 import sys
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -23,18 +25,43 @@ import nox
 nox.options.sessions = ["matrix"]
 nox.options.reuse_venv = "yes"
 
-#: The torch versions under test: the one place they are listed.
-TORCH_VERSIONS = ("2.4.1", "2.13.0")
+#: The torch releases under test, oldest first: the newest patch of every minor release from
+#: 2.1 to the newest this machine's pip allows (the one place they are listed).
+TORCH_VERSIONS = (
+    "2.1.2", "2.2.2", "2.3.1", "2.4.1", "2.5.1", "2.6.0", "2.7.1",
+    "2.8.0", "2.9.1", "2.10.0", "2.11.0", "2.12.1", "2.13.0", "2.14.1",
+)  # fmt: skip
+#: The default: the release a fresh machine installs fastest (a CPU wheel on this machine's
+#: disk; the others are CUDA builds from PyPI, about 5 GB each).
 DEFAULT_TORCH = "2.13.0"
-#: Torch versions this project knows, with the Lightning release that matches each
-#: (the oldest Lightning that supports a torch release is used for it, as users would have).
+#: The Lightning release of each torch release's time (as users of that torch would have).
+#: Lightning before 2.4 imports pkg_resources, which setuptools 70 dropped.
 LIGHTNING_FOR_TORCH = {
-    "2.4.1": ("lightning==2.3.3", "setuptools<70"),  # 2.3.3 imports pkg_resources
+    "2.1.2": ("lightning==2.1.4", "setuptools<70"),
+    "2.2.2": ("lightning==2.2.5", "setuptools<70"),
+    "2.3.1": ("lightning==2.3.3", "setuptools<70"),
+    "2.4.1": ("lightning==2.3.3", "setuptools<70"),
+    "2.5.1": ("lightning==2.4.0",),
+    "2.6.0": ("lightning==2.5.0.post0",),
+    "2.7.1": ("lightning==2.5.1",),
+    "2.8.0": ("lightning==2.5.3",),
+    "2.9.1": ("lightning==2.5.6",),
+    "2.10.0": ("lightning==2.6.0",),
+    "2.11.0": ("lightning==2.6.1",),
+    "2.12.1": ("lightning==2.6.4",),
     "2.13.0": ("lightning==2.6.6",),
+    "2.14.1": ("lightning==2.6.6",),
 }
 #: torch releases built against NumPy 1.x.
-NUMPY_PIN = {"2.4.1": "numpy<2"}
+NUMPY_PIN = {v: "numpy<2" for v in ("2.1.2", "2.2.2", "2.3.1", "2.4.1")}
 PYTHON = "3.11"
+#: uv where it is installed (environments in seconds, hard-linked from its cache), else
+#: virtualenv and pip.
+VENV_BACKEND = "uv|virtualenv"
+#: Matrix environments kept after a matrix session (the most recently used ones; 0: keep
+#: all), and the free disk below which uv's cache of pruned releases is cleaned too.
+KEEP_ENVS = int(os.environ.get("AMPMATRIX_KEEP_ENVS", "4"))
+MIN_FREE_GB = float(os.environ.get("AMPMATRIX_MIN_FREE_GB", "20"))
 
 
 def default_version() -> str:
@@ -58,15 +85,59 @@ def install_with_torch(session: nox.Session, version: str, *packages: str) -> No
     """Install packages next to an exact torch pin (so torch is never replaced), unless this
     environment already holds exactly these requirements (then nothing is reinstalled)."""
     requirements = (f"torch=={version}", NUMPY_PIN.get(version, "numpy"), *packages)
+    # A bare uv environment has no setuptools; inductor on older torch imports it.
+    requirements += ("setuptools",)
     stamp = hashlib.sha256(
         json.dumps([requirements, Path("pyproject.toml").read_text()]).encode()
     ).hexdigest()
-    marker = Path(str(session.virtualenv.location)) / ".ampmatrix-requirements"
+    location = Path(str(session.virtualenv.location))
+    (location / USED_MARKER).touch()
+    marker = location / ".ampmatrix-requirements"
     if marker.exists() and marker.read_text() == stamp:
         session.log("requirements unchanged: reusing this environment without installing")
         return
+    session.env.update(uv_settings(pip_settings(), os.environ))
     session.install(*requirements)
     marker.write_text(stamp)
+
+
+#: pip's settings and the uv variables that mean the same, so uv finds what pip would (this
+#: machine's wheels on disk, its index mirrors, its constraints).
+PIP_TO_UV = {
+    "index-url": "UV_INDEX_URL",
+    "extra-index-url": "UV_EXTRA_INDEX_URL",
+    "find-links": "UV_FIND_LINKS",
+    "constraint": "UV_CONSTRAINT",
+    "cert": "SSL_CERT_FILE",
+}
+
+
+def pip_settings() -> dict[str, str]:
+    """``pip config list`` as name -> value; settings from PIP_* variables win over files."""
+    listed = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True
+    ).stdout
+    files: dict[str, str] = {}
+    env: dict[str, str] = {}
+    for line in listed.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            origin, _, name = key.partition(".")
+            (env if origin == ":env:" else files)[name] = value.strip().strip("'\"")
+    return files | env
+
+
+def uv_settings(pip: dict[str, str], environ: Mapping[str, str]) -> dict[str, str]:
+    """The uv variables for the pip settings, leaving any UV_* already set alone. Like pip,
+    uv then takes the best match across every index."""
+    settings = {}
+    for name, variable in PIP_TO_UV.items():
+        if name in pip and variable not in environ:
+            value = pip[name]
+            settings[variable] = ",".join(value.split()) if name == "find-links" else value
+    if "UV_EXTRA_INDEX_URL" in settings and "UV_INDEX_STRATEGY" not in environ:
+        settings["UV_INDEX_STRATEGY"] = "unsafe-best-match"
+    return settings
 
 
 def flash_attn_requirements() -> tuple[str, ...]:
@@ -78,7 +149,7 @@ def lightning_requirements(version: str) -> tuple[str, ...]:
     return LIGHTNING_FOR_TORCH.get(version, ("lightning",))
 
 
-@nox.session(python=PYTHON, tags=["all-versions"])
+@nox.session(python=PYTHON, tags=["all-versions"], venv_backend=VENV_BACKEND)
 @nox.parametrize("torch", configured_versions())
 def matrix(session: nox.Session, torch: str) -> None:
     """Run every case on every available device; arguments after -- go to `harness run`."""
@@ -91,46 +162,101 @@ def matrix(session: nox.Session, torch: str) -> None:
         session, torch, "-e", ".", *lightning_requirements(torch), *flash_attn_requirements()
     )
     session.run("python", "-m", "harness", "run", "--report-dir", "reports", *session.posargs)
+    if KEEP_ENVS:
+        prune_environments(session, KEEP_ENVS)
 
 
-@nox.session(python=PYTHON)
+@nox.session(python=False)
+def prune(session: nox.Session) -> None:
+    """`nox -s prune -- [N]`: delete all but the N most recently used matrix environments
+    (default AMPMATRIX_KEEP_ENVS, 4), and uv's cached torch builds if disk runs low."""
+    keep = int(session.posargs[0]) if session.posargs else max(KEEP_ENVS, 1)
+    prune_environments(session, keep)
+
+
+#: Touched in a matrix environment each time a session uses it.
+USED_MARKER = ".ampmatrix-used"
+#: The packages that make a torch environment large (CUDA builds bring the nvidia-* ones).
+HEAVY_PACKAGES = ("torch", "triton", "nvidia-")
+
+
+def matrix_environments(root: Path = Path(".nox")) -> list[Path]:
+    """Matrix environments, most recently used first."""
+    envs = [p for p in root.glob("matrix-*") if p.is_dir()]
+    return sorted(envs, key=last_used, reverse=True)
+
+
+def last_used(env: Path) -> float:
+    marker = env / USED_MARKER
+    return (marker if marker.exists() else env).stat().st_mtime
+
+
+def prune_environments(session: nox.Session, keep: int) -> None:
+    pruned = matrix_environments()[keep:]
+    heavy = sorted({name for env in pruned for name in heavy_distributions(env)})
+    for env in pruned:
+        session.log(f"prune: removing {env} (kept the {keep} most recently used)")
+        shutil.rmtree(env)
+    free_gb = shutil.disk_usage(".").free / 2**30
+    if heavy and free_gb < MIN_FREE_GB and shutil.which("uv"):
+        session.log(f"prune: {free_gb:.1f} GB free (< {MIN_FREE_GB:g}): cleaning uv's cache")
+        session.run("uv", "cache", "clean", *heavy, external=True)
+
+
+def heavy_distributions(env: Path) -> list[str]:
+    """The large distributions installed in an environment (torch, triton, nvidia-*)."""
+    names = [
+        d.name.split("-")[0].replace("_", "-") for d in env.glob("lib/*/site-packages/*.dist-info")
+    ]
+    return [n for n in names if n.startswith(HEAVY_PACKAGES)]
+
+
+@nox.session(python=False)
 def bisect(session: nox.Session) -> None:
-    """`nox -s bisect -- CASE [--fix F] [run options]`: run one case under every configured
-    torch version and print the versions between which its outcome changes."""
+    """`nox -s bisect -- CASE [--fix F] [--dtype D] [run options]`: which torch release
+    changed each cell's outcome, by a search over the release list (see harness/search.py)."""
     if not session.posargs or session.posargs[0].startswith("-"):
         session.error("usage: nox -s bisect -- CASE [--fix FIX] [other `harness run` options]")
     case, *options = session.posargs
-    install_with_torch(session, DEFAULT_TORCH, "-e", ".")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from harness.search import ReleaseSearch, labels_of_run, search_order
+
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     out = Path("results") / f"bisect-{case}-{stamp}"
-    for version in configured_versions():
-        session.run(
-            sys.executable,
-            "-m",
-            "nox",
-            "-s",
-            f"matrix(torch='{version}')",
-            "--",
-            "--case",
-            case,
-            "--no-timing",
-            "--out",
-            str(out),
-            *options,
-            external=True,
+    search = ReleaseSearch(search_order(configured_versions()))
+    created = []
+    while (release := search.next_release()) is not None:
+        if not environment_of(release).exists():
+            created.append(release)
+        session.log(f"bisect: measuring torch {release}")
+        run_matrix_session(
+            session, release, "--case", case, "--no-timing", "--out", str(out), *options
         )
-    run_dirs = sorted(str(p) for p in out.iterdir())
-    fixes = [a for i, a in enumerate(options) if i and options[i - 1] == "--fix"]
+        search.add(release, labels_of_run(run_of(out, release)))
+    summary = search.render() + f"\nenvironments created: {len(created)} ({', '.join(created)})"
+    (out / "bisect.txt").write_text(summary + "\n")
+    print(summary)
+    print(f"runs: {out} (`nox -s report -- {out}/*/` shows them)")
+
+
+def environment_of(release: str) -> Path:
+    """Where nox keeps the matrix environment of a release."""
+    return Path(".nox") / f"matrix-torch-{release.replace('.', '-')}"
+
+
+def run_matrix_session(session: nox.Session, release: str, *args: str) -> None:
     session.run(
-        "python",
-        "-m",
-        "harness",
-        "bisect",
-        *run_dirs,
-        "--case",
-        case,
-        *(f"--fix={f}" for f in fixes),
-    )
+        sys.executable, "-m", "nox", "-s", f"matrix(torch='{release}')", "--", *args,
+        external=True,
+    )  # fmt: skip
+
+
+def run_of(out: Path, release: str) -> Path:
+    """The run folder of one release under a bisect's output folder."""
+    runs = sorted(p for p in out.iterdir() if p.name.split("-torch")[-1].split("+")[0] == release)
+    if not runs:
+        raise FileNotFoundError(f"no run of torch {release} under {out}")
+    return runs[-1]
 
 
 @nox.session(python=PYTHON)

@@ -171,6 +171,9 @@ class Case:
     compiles: ClassVar[tuple[str, ...]] = ("eager",)
     #: Modules that must be importable for the case to run; otherwise cells are skipped.
     requires: ClassVar[tuple[str, ...]] = ()
+    #: The oldest torch release with the API its upstream code needs (``nn.RMSNorm``: "2.4");
+    #: under an older torch its cells are skipped with that reason.
+    min_torch: ClassVar[str | None] = None
     #: The case's own time limit per cell in seconds (instead of the run's ``--timeout``).
     timeout_s: ClassVar[float | None] = None
     #: Modules, parameters or buffers of the model (dotted names) that upstream keeps in

@@ -144,6 +144,13 @@ def add_report_parsers(commands: Any) -> None:
         metavar="BASE",
         help="add a section comparing the (last) run with this run",
     )
+    report.add_argument(
+        "--markdown",
+        type=Path,
+        metavar="FILE",
+        help="also append a short Markdown summary to FILE (a CI job summary: "
+        "$GITHUB_STEP_SUMMARY)",
+    )
     compare = commands.add_parser(
         "compare",
         help="outcome and speed changes from BASE to HEAD (two runs, or two results folders: "
@@ -311,6 +318,12 @@ def command_report(args: argparse.Namespace) -> int:
         comparison = compare_runs(load_run(existing_run_dir(args.baseline)), runs[-1])
     warn([p for loaded in runs for p in loaded.problems])
     print(f"report: {write_report(render_report(runs, comparison), out)}")
+    if args.markdown:
+        from harness.report.markdown import render_markdown
+
+        with args.markdown.open("a") as summary:
+            summary.write(render_markdown(runs))
+        print(f"summary: {args.markdown}")
     return 0
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from harness.records import Cell
+from harness.search import release_key
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = (
@@ -83,6 +84,14 @@ def requirement_skip_reason(requires: tuple[str, ...]) -> str | None:
     missing = [name for name in requires if not module_available(name)]
     if missing:
         return f"{', '.join(missing)} not importable in this environment"
+    return None
+
+
+def torch_version_skip_reason(min_torch: str | None, version: str | None = None) -> str | None:
+    """Why a case that needs torch ``min_torch`` or newer cannot run under this torch."""
+    version = version or torch.__version__
+    if min_torch and release_key(version) < release_key(min_torch):
+        return f"needs torch >= {min_torch} (this is {version.split('+')[0]})"
     return None
 
 

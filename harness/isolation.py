@@ -95,7 +95,8 @@ def run_forked(
     way back), killed after ``timeout_s``; a child that dies says how."""
     context = multiprocessing.get_context("fork")
     receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_child, args=(send, work, memory_bytes, threads), daemon=True)
+    # Not a daemon: inductor's compile workers are children of the child (torch 2.1-2.3).
+    child = context.Process(target=_child, args=(send, work, memory_bytes, threads))
     child.start()
     send.close()
     try:

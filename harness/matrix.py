@@ -13,7 +13,11 @@ from dataclasses import dataclass, field
 
 from harness.axes import CONTROL_DTYPE, CONTROL_FIX, CONTROL_MODE
 from harness.case import Case
-from harness.environment import cuda_devices, environment_skip_reason
+from harness.environment import (
+    cuda_devices,
+    environment_skip_reason,
+    torch_version_skip_reason,
+)
 from harness.records import Cell
 
 
@@ -96,7 +100,11 @@ def case_cells(case: Case, devices: Sequence[str]) -> Iterator[Cell]:
 
 
 def skip_reason(case: Case, cell: Cell) -> str | None:
-    return environment_skip_reason(cell, case.requires) or case.skip_reason(cell)
+    return (
+        environment_skip_reason(cell, case.requires)
+        or torch_version_skip_reason(case.min_torch)
+        or case.skip_reason(cell)
+    )
 
 
 def expand(cases: Iterable[Case], selection: Selection = Selection()) -> Plan:

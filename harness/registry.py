@@ -16,6 +16,7 @@ from typing import TypeVar
 from harness.axes import BACKENDS, COMPILE_MODES, DEVICE_KINDS, DTYPES, MODES
 from harness.case import Case
 
+RELEASE = re.compile(r"^\d+\.\d+(\.\d+)?$")
 CASE_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 BUILTIN_CASES_DIR = Path(__file__).resolve().parent.parent / "cases"
 
@@ -54,6 +55,8 @@ def contract_problems(case: Case) -> list[str]:
     problems += _fix_problems(case)
     if type(case).build is Case.build:
         problems.append("no build() method")
+    if case.min_torch is not None and not RELEASE.match(str(case.min_torch)):
+        problems.append(f"min_torch {case.min_torch!r} must be a release such as '2.4'")
     return problems
 
 

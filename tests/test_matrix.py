@@ -104,3 +104,12 @@ def test_case_specific_skip_reason_is_recorded(
     plan = expand(toy, Selection(devices=("cpu",), dtypes=("bfloat16",)))
     assert [(c.fix, r) for c, r in plan.skipped] == [("noisy", "noisy is not meant for bfloat16")]
     assert "noisy" not in {c.fix for c in plan.to_run}
+
+
+def test_a_case_older_torch_cannot_run_is_skipped_with_the_release_it_needs() -> None:
+    assert environment.torch_version_skip_reason("2.4", "2.3.1+cu121") == (
+        "needs torch >= 2.4 (this is 2.3.1)"
+    )
+    assert environment.torch_version_skip_reason("2.4", "2.4.1") is None
+    assert environment.torch_version_skip_reason("2.4", "2.13.0") is None  # not text order
+    assert environment.torch_version_skip_reason(None, "2.1.2") is None

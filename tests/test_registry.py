@@ -57,6 +57,7 @@ def test_duplicate_name_is_an_error_naming_both_files(clean_registry: None) -> N
         ({"backends": ()}, "backends is empty"),
         ({"none": None}, "no fix named 'none'"),
         ({"build": Case.build}, "no build() method"),
+        ({"min_torch": "two point four"}, "min_torch 'two point four' must be a release"),
     ],
 )
 def test_malformed_cases_are_refused_with_the_problem(

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from harness import storage
@@ -19,6 +20,7 @@ from harness.report import aggregate
 from harness.report.compare import compare_runs, render_comparison
 from harness.report.render import render_report, write_report
 from harness.trail_records import Promotion, Site, Trail
+from tests.conftest import harness
 
 DATA = Path(__file__).parent / "data" / "runs"
 GOLDEN = Path(__file__).parent / "golden"
@@ -47,6 +49,42 @@ def test_version_view_golden(frame) -> None:
     view = aggregate.version_view(frame)
     assert list(view.columns) == ["2.4.1+cu121", "2.13.0+cpu"]  # 2.4 sorts before 2.13
     check_golden("version_view.csv", view.to_csv())
+
+
+def test_first_passing_release_golden(frame) -> None:
+    view = aggregate.passing_by_version(frame)
+    assert list(view.columns) == ["2.4.1+cu121", "2.13.0+cpu", "first passing"]
+    check_golden("first_passing.csv", view.to_csv())
+
+
+def test_first_passing_needs_every_later_release_to_pass() -> None:
+    def cells(*labels: str) -> pd.DataFrame:
+        return pd.DataFrame({"label": list(labels)})
+
+    first = aggregate._first_passing
+    assert first({"2.1": cells("raises:repro"), "2.4": cells("passes")}) == "2.4"
+    assert first({"2.1": cells("passes"), "2.4": cells("passes", "passes")}) == (
+        "passes on every release from 2.1"
+    )
+    regressed = {"2.1": cells("passes"), "2.4": cells("passes", "inaccurate")}
+    assert first(regressed) == "fails on every release through 2.4"
+    flagged = {"2.1": cells("raises:repro"), "2.4": cells("passes[drift]"), "2.5": cells("passes")}
+    assert first(flagged) == "2.5"
+    assert first({"2.1": cells(), "2.4": cells("passes")}) == "passes on every release from 2.4"
+
+
+def test_markdown_summary_golden(tmp_path: Path) -> None:
+    """`report --markdown` appends (a job summary holds every step's part) the golden text."""
+    summary = tmp_path / "summary.md"
+    summary.write_text("earlier step\n")
+    runs = [str(DATA / name) for name in ("torch-2.4.1", "torch-2.13.0")]
+    result = harness(
+        "report", *runs, "--out", str(tmp_path / "r.html"), "--markdown", str(summary)
+    )
+    assert result.returncode == 0, result.stderr
+    text = summary.read_text()
+    assert text.startswith("earlier step\n")
+    check_golden("summary.md", text.removeprefix("earlier step\n"))
 
 
 def test_recommendations_golden(frame) -> None:

@@ -172,6 +172,40 @@ def version_view(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame.from_dict(rows, orient="index", columns=versions).fillna("not run")
 
 
+def passing_by_version(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows (case, fix), a column per torch version measured (``passed/ran``: cells that
+    pass with no flag, of those that ran), and ``first passing``: the oldest version from
+    which the fix passes in every cell that ran, in every later version measured too."""
+    ran = frame[frame["outcome"] != Outcome.SKIPPED.value]
+    versions = sorted(ran["torch_version"].unique(), key=version_key)
+    rows = {}
+    for (case, fix), cells in ran.groupby(["case", "fix"]):
+        by_version = {v: cells[cells["torch_version"] == v] for v in versions}
+        counts = {
+            v: f"{(c['label'] == 'passes').sum()}/{len(c)}" if len(c) else "not run"
+            for v, c in by_version.items()
+        }
+        rows[case, fix] = {**counts, FIRST_PASSING: _first_passing(by_version)}
+    columns = [*versions, FIRST_PASSING]
+    return pd.DataFrame.from_dict(rows, orient="index", columns=columns)
+
+
+FIRST_PASSING = "first passing"
+
+
+def _first_passing(by_version: dict[str, pd.DataFrame]) -> str:
+    measured = [(v, c) for v, c in by_version.items() if len(c)]
+    first = None
+    for version, cells in measured:
+        all_pass = bool((cells["label"] == "passes").all())
+        first = (first or version) if all_pass else None
+    if first is None:
+        return f"fails on every release through {measured[-1][0].split('+')[0]}"
+    if first == measured[0][0]:
+        return f"passes on every release from {first.split('+')[0]}"
+    return first.split("+")[0]
+
+
 def _reproduction_text(cells: pd.DataFrame) -> str:
     if cells.empty:
         return "not run"

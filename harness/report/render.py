@@ -250,11 +250,22 @@ def environment_facts(run: Run) -> list[tuple[str, str]]:
     return facts
 
 
+EMPTY_VERSIONS: dict[str, Any] = {
+    "columns": [],
+    "rows": [],
+    "passing_columns": [],
+    "passing_rows": [],
+}
+
+
 def version_rows(frame: pd.DataFrame) -> dict[str, Any]:
     view = aggregate.version_view(frame)
+    passing = aggregate.passing_by_version(frame)
     return {
         "columns": [c.split("+")[0] for c in view.columns],
         "rows": [(case, list(values)) for case, values in view.iterrows()],
+        "passing_columns": [c.split("+")[0] for c in passing.columns[:-1]],
+        "passing_rows": [(case, fix, list(values)) for (case, fix), values in passing.iterrows()],
     }
 
 
@@ -279,7 +290,7 @@ def render_report(runs: Sequence[Run], comparison: Comparison | None = None) -> 
         "legend": LEGEND,
         "modes": [(mode.name, mode.meaning) for mode in MODES.values()],
         "matrix": matrix_view(frame) if not frame.empty else MatrixView([], [], []),
-        "versions": version_rows(frame) if not frame.empty else {"columns": [], "rows": []},
+        "versions": version_rows(frame) if not frame.empty else EMPTY_VERSIONS,
         "cases": [case_view(frame, case, metadata.get(case)) for case in cases],
         "comparison": comparison,
     }

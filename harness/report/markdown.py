@@ -1,0 +1,47 @@
+"""A short Markdown summary of runs, for a CI job's summary page (``$GITHUB_STEP_SUMMARY``):
+outcome counts per torch version and device, where each case's failure reproduces, and the
+first release where each fix passes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+
+from harness.records import LABELS
+from harness.report import aggregate
+from harness.report.aggregate import Run
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+    return [line(header), line(["---"] * len(header)), *(line(r) for r in rows)]
+
+
+def outcome_counts(frame: pd.DataFrame) -> list[str]:
+    counts = frame.groupby(["env", "outcome"]).size().unstack(fill_value=0)
+    outcomes = [o for o in ("passes", "raises", "inaccurate", "crashed", "timeout", "skipped")
+                if o in counts.columns]  # fmt: skip
+    rows = [[env, *(str(counts.at[env, o]) for o in outcomes)] for env in counts.index]
+    return markdown_table(["environment", *outcomes], rows)
+
+
+def render_markdown(runs: Sequence[Run]) -> str:
+    frame = aggregate.records_frame(runs)
+    lines = ["## ampmatrix", ""]
+    if frame.empty:
+        return "\n".join([*lines, "No cell ran in these runs.", ""])
+    lines += ["### Outcomes", "", *outcome_counts(frame), ""]
+    view = aggregate.version_view(frame)
+    versions = [f"torch {c.split('+')[0]}" for c in view.columns]
+    rows = [[case, *values] for case, values in view.iterrows()]
+    lines += ["### Where each failure reproduces (fix `none`)", ""]
+    lines += [*markdown_table(["case", *versions], rows), ""]
+    passing = aggregate.passing_by_version(frame)
+    rows = [[case, fix, values.iloc[-1]] for (case, fix), values in passing.iterrows()]
+    lines += ["### First release where each fix passes", ""]
+    lines += [*markdown_table(["case", "fix", "first passing"], rows), ""]
+    lines += ["Labels: " + "; ".join(f"`{label.text}`: {label.meaning}" for label in LABELS), ""]
+    return "\n".join(lines)

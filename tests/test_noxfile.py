@@ -1,0 +1,114 @@
+"""The noxfile's own logic: the release list, pip settings carried over to uv, and which
+environments a prune removes."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from harness.search import search_order
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def nf() -> ModuleType:
+    pytest.importorskip("nox", reason="nox is not installed here")
+    sys.path.insert(0, str(ROOT))
+    try:
+        import noxfile as module
+    finally:
+        sys.path.remove(str(ROOT))
+    return module
+
+
+def test_the_release_list_is_every_minor_from_2_1_oldest_first(nf: ModuleType) -> None:
+    releases = nf.TORCH_VERSIONS
+    assert tuple(search_order(releases)) == releases
+    minors = [int(r.split(".")[1]) for r in releases]
+    assert minors == list(range(1, minors[-1] + 1)) and releases[0].startswith("2.1.")
+    assert nf.DEFAULT_TORCH in releases
+    assert set(nf.LIGHTNING_FOR_TORCH) == set(releases)
+    assert set(nf.NUMPY_PIN) <= set(releases)
+
+
+def test_pip_settings_become_uv_variables(nf: ModuleType) -> None:
+    pip = {
+        "find-links": "/wheels /more-wheels",
+        "extra-index-url": "file:///mirror/simple file:///other/simple",
+        "constraint": "/etc/constraints.txt",
+        "cert": "/etc/ca.pem",
+        "timeout": "60",
+    }
+    settings = nf.uv_settings(pip, {})
+    assert settings == {
+        "UV_FIND_LINKS": "/wheels,/more-wheels",
+        "UV_EXTRA_INDEX_URL": "file:///mirror/simple file:///other/simple",
+        "UV_CONSTRAINT": "/etc/constraints.txt",
+        "SSL_CERT_FILE": "/etc/ca.pem",
+        "UV_INDEX_STRATEGY": "unsafe-best-match",
+    }
+    # what the user set for uv stays
+    kept = nf.uv_settings(pip, {"UV_FIND_LINKS": "/mine", "UV_INDEX_STRATEGY": "first-index"})
+    assert "UV_FIND_LINKS" not in kept and "UV_INDEX_STRATEGY" not in kept
+
+
+def test_pip_config_list_is_read_with_environment_settings_winning(
+    nf: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    listing = (
+        "global.find-links='/from-file'\n"
+        ":env:.find-links='/from-env'\n"
+        "global.constraint='/c.txt'\n"
+        "not a setting\n"
+    )
+
+    class Done:
+        stdout = listing
+
+    monkeypatch.setattr(nf.subprocess, "run", lambda *a, **k: Done())
+    assert nf.pip_settings() == {"find-links": "/from-env", "constraint": "/c.txt"}
+
+
+def make_env(root: Path, name: str, used: float, packages: tuple[str, ...] = ()) -> Path:
+    """A stand-in matrix environment: its dist-info folders and its last-use marker."""
+    env = root / name
+    site = env / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    for package in packages:
+        (site / f"{package}-1.0.dist-info").mkdir()
+    marker = env / ".ampmatrix-used"  # the noxfile's USED_MARKER (checked below)
+    marker.touch()
+    os.utime(marker, (used, used))
+    return env
+
+
+def test_environments_are_ordered_by_last_use_and_heavy_packages_found(
+    nf: ModuleType, tmp_path: Path
+) -> None:
+    now = time.time()
+    make_env(tmp_path, "matrix-torch-2-1-2", now - 300, ("torch", "nvidia_cublas_cu12", "numpy"))
+    make_env(tmp_path, "matrix-torch-2-13-0", now)
+    make_env(tmp_path, "matrix-torch-2-4-1", now - 100, ("triton",))
+    (tmp_path / "tests").mkdir()
+    order = [p.name for p in nf.matrix_environments(tmp_path)]
+    assert order == ["matrix-torch-2-13-0", "matrix-torch-2-4-1", "matrix-torch-2-1-2"]
+    heavy = nf.heavy_distributions(tmp_path / "matrix-torch-2-1-2")
+    assert sorted(heavy) == ["nvidia-cublas-cu12", "torch"]
+    assert nf.USED_MARKER == ".ampmatrix-used"
+
+
+def test_a_bisect_finds_each_release_run_folder(nf: ModuleType, tmp_path: Path) -> None:
+    for name in ("20261123T0100-torch2.1.2", "20261123T0101-torch2.13.0+cpu"):
+        (tmp_path / name).mkdir()
+    assert nf.run_of(tmp_path, "2.13.0").name.endswith("torch2.13.0+cpu")
+    assert nf.run_of(tmp_path, "2.1.2").name.endswith("torch2.1.2")
+    with pytest.raises(FileNotFoundError, match=re.escape("no run of torch 2.1.20")):
+        nf.run_of(tmp_path, "2.1.20")
+    assert nf.environment_of("2.13.0") == Path(".nox") / "matrix-torch-2-13-0"

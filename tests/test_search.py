@@ -1,0 +1,93 @@
+"""The searching bisect: which release changed each cell's outcome, measuring few releases."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from harness.records import Cell
+from harness.search import ReleaseSearch, search_order
+
+RELEASES = tuple(f"2.{minor}.0" for minor in range(1, 15))  # 14 releases, as in the noxfile
+A = Cell("case", "none", "cpu", "float16", "half", "eager")
+B = Cell("case", "fix", "cpu", "float16", "half", "eager")
+C = Cell("case", "other", "cpu", "bfloat16", "half", "eager")
+
+
+def truth(changes_at: dict[Cell, int]) -> dict[str, dict[Cell, str]]:
+    """Every release's outcomes: a cell raises before its change index and passes from it."""
+    return {
+        release: {cell: "passes" if i >= at else "raises:repro" for cell, at in changes_at.items()}
+        for i, release in enumerate(RELEASES)
+    }
+
+
+def run_search(outcomes: dict[str, dict[Cell, str]]) -> tuple[ReleaseSearch, list[str]]:
+    search = ReleaseSearch(RELEASES)
+    probed = []
+    while (release := search.next_release()) is not None:
+        assert release not in probed, "a release is never measured twice"
+        probed.append(release)
+        search.add(release, outcomes[release])
+    return search, probed
+
+
+@pytest.mark.parametrize("at", range(1, 14))
+def test_one_change_is_found_in_a_logarithmic_number_of_releases(at: int) -> None:
+    search, probed = run_search(truth({A: at}))
+    (change,) = search.changes()
+    assert (change.last_old, change.first_new) == (RELEASES[at - 1], RELEASES[at])
+    assert (change.old, change.new) == ("raises:repro", "passes")
+    assert len(probed) <= 2 + 4  # both ends, then at most ceil(log2(13)) middles
+
+
+def test_cells_changing_at_different_releases_share_their_first_probes() -> None:
+    search, probed = run_search(truth({A: 3, B: 3, C: 10}))
+    found = {c.cell: (c.last_old, c.first_new) for c in search.changes()}
+    assert found == {
+        A: (RELEASES[2], RELEASES[3]),
+        B: (RELEASES[2], RELEASES[3]),
+        C: (RELEASES[9], RELEASES[10]),
+    }
+    assert len(probed) < len(RELEASES) - 4
+
+
+def test_no_change_between_the_ends_measures_only_the_ends() -> None:
+    search, probed = run_search(truth({A: 0}))
+    assert probed == [RELEASES[0], RELEASES[-1]]
+    assert search.changes() == [] and search.unchanged() == [A]
+    assert "no outcome changes" in search.render()
+
+
+def test_a_cell_missing_at_one_end_counts_as_not_run() -> None:
+    outcomes = truth({A: 5})
+    del outcomes[RELEASES[0]][A]
+    search, _ = run_search(outcomes)
+    (change,) = search.changes()
+    assert change.old == "not run" and change.new == "passes"
+
+
+def test_bad_release_lists_are_refused() -> None:
+    with pytest.raises(ValueError, match="at least two"):
+        ReleaseSearch(("2.4.1",))
+    with pytest.raises(ValueError, match="twice"):
+        ReleaseSearch(("2.4.1", "2.4.1"))
+    with pytest.raises(ValueError, match="not among"):
+        ReleaseSearch(RELEASES).add("1.13.1", {})
+
+
+def test_releases_sort_by_number_not_text() -> None:
+    assert search_order(["2.13.0", "2.4.1", "2.10.0", "2.1.2"]) == (
+        "2.1.2",
+        "2.4.1",
+        "2.10.0",
+        "2.13.0",
+    )
+
+
+def test_the_search_imports_no_torch() -> None:
+    """nox drives the search from its own interpreter, which has no torch."""
+    code = "import sys, harness.search; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
