@@ -176,8 +176,6 @@ def prune(session: nox.Session) -> None:
 
 #: Touched in a matrix environment each time a session uses it.
 USED_MARKER = ".ampmatrix-used"
-#: The packages that make a torch environment large (CUDA builds bring the nvidia-* ones).
-HEAVY_PACKAGES = ("torch", "triton", "nvidia-")
 
 
 def matrix_environments(root: Path = Path(".nox")) -> list[Path]:
@@ -204,11 +202,12 @@ def prune_environments(session: nox.Session, keep: int) -> None:
 
 
 def heavy_distributions(env: Path) -> list[str]:
-    """The large distributions installed in an environment (torch, triton, nvidia-*)."""
+    """The large distributions installed in an environment: torch, triton and the nvidia-*
+    libraries a CUDA build brings."""
     names = [
         d.name.split("-")[0].replace("_", "-") for d in env.glob("lib/*/site-packages/*.dist-info")
     ]
-    return [n for n in names if n.startswith(HEAVY_PACKAGES)]
+    return [n for n in names if n in ("torch", "triton") or n.startswith("nvidia-")]
 
 
 @nox.session(python=False)
