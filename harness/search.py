@@ -39,6 +39,29 @@ class Change:
         )
 
 
+NOT_RUN = "not run"
+#: Labels of a cell that did not run in a release.
+NOT_RUNNING = ("skipped", NOT_RUN)
+
+
+@dataclass(frozen=True)
+class Bracket:
+    """A cell's outcome ``old`` holds at release index ``lo``; index ``hi`` is the first
+    measured one after it with another outcome. Resolved when ``hi == lo + 1``."""
+
+    old: str
+    lo: int
+    hi: int
+
+    @classmethod
+    def around(
+        cls, labels: dict[int, str], old: str, start: int, same: tuple[str, ...]
+    ) -> Bracket:
+        lo = max(i for i, label in labels.items() if i >= start and label in same)
+        hi = min(i for i, label in labels.items() if i > lo and label not in same)
+        return cls(old, lo, hi)
+
+
 @dataclass
 class ReleaseSearch:
     """The state of one search over ``releases`` (ordered oldest to newest)."""
@@ -64,7 +87,9 @@ class ReleaseSearch:
         for end in (self.releases[0], self.releases[-1]):
             if end not in self.measured:
                 return end
-        middles = Counter(self._middle(lo, hi) for lo, hi in self._open_brackets().values())
+        middles = Counter(
+            self._middle(b.lo, b.hi) for b in self._brackets().values() if b.hi - b.lo > 1
+        )
         if not middles:
             return None
         best = max(middles.values())
@@ -76,45 +101,61 @@ class ReleaseSearch:
         return [
             Change(
                 cell,
-                self._label(self.releases[0], cell),
-                self._label(self.releases[-1], cell),
-                self.releases[lo],
-                self.releases[hi],
+                b.old,
+                self._label(self.releases[b.hi], cell),
+                self.releases[b.lo],
+                self.releases[b.hi],
             )
-            for cell, (lo, hi) in sorted(self._brackets().items())
+            for cell, b in sorted(self._brackets().items())
         ]
 
     def unchanged(self) -> list[Cell]:
-        """Cells measured at both ends with the same outcome."""
-        first, last = self.measured[self.releases[0]], self.measured[self.releases[-1]]
-        return sorted(c for c in first.keys() & last.keys() if first[c] == last[c])
+        """Cells measured at both ends whose outcome does not change where they run."""
+        if not self._ends_measured():
+            return []
+        changing = self._brackets()
+        return sorted(c for c in self._cells() if c not in changing)
 
     def _label(self, release: str, cell: Cell) -> str:
-        return self.measured[release].get(cell, "not run")
+        return self.measured[release].get(cell, NOT_RUN)
 
-    def _brackets(self) -> dict[Cell, tuple[int, int]]:
-        """For each cell whose ends differ: (last index with the old outcome, first index
-        after it with another), from the releases measured."""
-        oldest, newest = self.releases[0], self.releases[-1]
-        if oldest not in self.measured or newest not in self.measured:
+    def _ends_measured(self) -> bool:
+        return self.releases[0] in self.measured and self.releases[-1] in self.measured
+
+    def _cells(self) -> set[Cell]:
+        return self.measured[self.releases[0]].keys() | self.measured[self.releases[-1]].keys()
+
+    def _brackets(self) -> dict[Cell, Bracket]:
+        """The bracket of every cell whose outcome changes, from the releases measured."""
+        if not self._ends_measured():
             return {}
-        cells = self.measured[oldest].keys() | self.measured[newest].keys()
         brackets = {}
-        for cell in cells:
-            old = self._label(oldest, cell)
-            if old == self._label(newest, cell):
-                continue
-            brackets[cell] = self._bracket(cell, old)
+        for cell in self._cells():
+            bracket = self._bracket(cell)
+            if bracket is not None:
+                brackets[cell] = bracket
         return brackets
 
-    def _bracket(self, cell: Cell, old: str) -> tuple[int, int]:
-        indices = [i for i, r in enumerate(self.releases) if r in self.measured]
-        lo = max(i for i in indices if self._label(self.releases[i], cell) == old)
-        hi = min(i for i in indices if i > lo and self._label(self.releases[i], cell) != old)
-        return lo, hi
-
-    def _open_brackets(self) -> dict[Cell, tuple[int, int]]:
-        return {cell: (lo, hi) for cell, (lo, hi) in self._brackets().items() if hi - lo > 1}
+    def _bracket(self, cell: Cell) -> Bracket | None:
+        """A cell skipped in the oldest release first has the release where it starts to run
+        searched (``min_torch``, an API that arrived later); from there, the last index with
+        its first outcome and the first index after it with another."""
+        labels = {
+            i: self._label(release, cell)
+            for i, release in enumerate(self.releases)
+            if release in self.measured
+        }
+        last = len(self.releases) - 1
+        start = 0
+        if labels[0] in NOT_RUNNING and labels[last] not in NOT_RUNNING:
+            bracket = Bracket.around(labels, labels[0], 0, NOT_RUNNING)
+            if bracket.hi - bracket.lo > 1:
+                return bracket
+            start = bracket.hi
+        old = labels[start]
+        if old == labels[last]:
+            return None
+        return Bracket.around(labels, old, start, (old,))
 
     @staticmethod
     def _middle(lo: int, hi: int) -> int:

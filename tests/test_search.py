@@ -61,12 +61,21 @@ def test_no_change_between_the_ends_measures_only_the_ends() -> None:
     assert "no outcome changes" in search.render()
 
 
-def test_a_cell_missing_at_one_end_counts_as_not_run() -> None:
-    outcomes = truth({A: 5})
-    del outcomes[RELEASES[0]][A]
-    search, _ = run_search(outcomes)
-    (change,) = search.changes()
-    assert change.old == "not run" and change.new == "passes"
+@pytest.mark.parametrize("runs_from", [1, 3, 6])
+def test_a_cell_that_cannot_run_on_old_releases_is_searched_from_where_it_runs(
+    runs_from: int,
+) -> None:
+    """As Dia's case on torch < 2.4 (no nn.RMSNorm): skipped first, then the known error,
+    then fixed. The search finds where it starts to run, then the outcome change after it."""
+    outcomes = truth({A: 9, B: 0})
+    for release in RELEASES[:runs_from]:
+        outcomes[release][A] = "skipped"
+        del outcomes[release][B]  # absent (not run) rather than skipped: the same
+    search, probed = run_search(outcomes)
+    found = {c.cell: (c.old, c.new, c.last_old, c.first_new) for c in search.changes()}
+    assert found == {A: ("raises:repro", "passes", RELEASES[8], RELEASES[9])}
+    assert search.unchanged() == [B]  # it passes wherever it runs
+    assert len(probed) <= 2 + 4 + 4
 
 
 def test_bad_release_lists_are_refused() -> None:
