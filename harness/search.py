@@ -1,11 +1,14 @@
 """A bisect that searches the ordered torch releases: which release changed a cell's outcome.
 
-The oldest and newest releases are measured first. Every cell whose outcome differs between
-them has an open bracket: the last release known to give the old outcome and the first
-known to give another. Each step measures the middle release of the bracket most cells
-share, so one run narrows every cell it can; a cell is resolved when its bracket holds two
-neighbouring releases. A cell that changes more than once between the ends is reported at
-one of its changes (the exhaustive sweep, ``nox -t all-versions``, shows every one).
+The oldest and newest releases are measured first. Wherever two measured releases next to
+each other in the measured order give a cell different outcomes, there is an open bracket
+between them. Each step measures the middle release of the bracket most cells share, so
+one run narrows every cell it can, until every such pair is two neighbouring releases. A
+cell that fails, is fixed and fails again is found at both changes as soon as a measured
+release falls between them; one that changes and changes back between two measured
+releases with the same outcome stays invisible (the exhaustive sweep, ``nox -t
+all-versions``, shows every release). Where a cell starts (or stops) running, because its
+case needs an API a release lacks, is searched the same way and reported apart.
 
 Only the standard library and the records are imported here: the nox session that drives
 the search runs outside the environments it creates.
@@ -20,6 +23,10 @@ from pathlib import Path
 
 from harness import storage
 from harness.records import Cell, CellRecord, outcome_label
+
+NOT_RUN = "not run"
+#: Labels of a cell that did not run in a release.
+NOT_RUNNING = ("skipped", NOT_RUN)
 
 
 @dataclass(frozen=True)
@@ -38,28 +45,24 @@ class Change:
             f"{self.new} from torch {self.first_new}"
         )
 
-
-NOT_RUN = "not run"
-#: Labels of a cell that did not run in a release.
-NOT_RUNNING = ("skipped", NOT_RUN)
+    @property
+    def is_running_change(self) -> bool:
+        """The cell starts or stops running here (a release lacks an API its case needs)."""
+        return self.old in NOT_RUNNING or self.new in NOT_RUNNING
 
 
 @dataclass(frozen=True)
 class Bracket:
-    """A cell's outcome ``old`` holds at release index ``lo``; index ``hi`` is the first
-    measured one after it with another outcome. Resolved when ``hi == lo + 1``."""
+    """Outcome ``old`` at release index ``lo``, ``new`` at ``hi``, nothing measured between."""
 
     old: str
+    new: str
     lo: int
     hi: int
 
-    @classmethod
-    def around(
-        cls, labels: dict[int, str], old: str, start: int, same: tuple[str, ...]
-    ) -> Bracket:
-        lo = max(i for i, label in labels.items() if i >= start and label in same)
-        hi = min(i for i, label in labels.items() if i > lo and label not in same)
-        return cls(old, lo, hi)
+    @property
+    def open(self) -> bool:
+        return self.hi - self.lo > 1
 
 
 @dataclass
@@ -87,75 +90,50 @@ class ReleaseSearch:
         for end in (self.releases[0], self.releases[-1]):
             if end not in self.measured:
                 return end
-        middles = Counter(
-            self._middle(b.lo, b.hi) for b in self._brackets().values() if b.hi - b.lo > 1
-        )
+        middles = Counter(self._middle(b.lo, b.hi) for _, b in self._brackets() if b.open)
         if not middles:
             return None
         best = max(middles.values())
         return self.releases[min(i for i, n in middles.items() if n == best)]
 
-    def changes(self) -> list[Change]:
-        """Every changing cell with its tightest bracket so far (resolved when the search is
-        done)."""
-        return [
-            Change(
-                cell,
-                b.old,
-                self._label(self.releases[b.hi], cell),
-                self.releases[b.lo],
-                self.releases[b.hi],
-            )
-            for cell, b in sorted(self._brackets().items())
+    def changes(self, running: bool = False) -> list[Change]:
+        """Every outcome change with its tightest bracket so far (resolved when the search
+        is done). ``running``: the changes where a cell starts or stops running instead."""
+        found = [
+            Change(cell, b.old, b.new, self.releases[b.lo], self.releases[b.hi])
+            for cell, b in self._brackets()
         ]
+        return sorted(
+            (c for c in found if running == c.is_running_change),
+            key=lambda c: (c.cell, self.releases.index(c.last_old)),
+        )
 
     def unchanged(self) -> list[Cell]:
         """Cells measured at both ends whose outcome does not change where they run."""
-        if not self._ends_measured():
-            return []
-        changing = self._brackets()
+        changing = {change.cell for change in self.changes()}
         return sorted(c for c in self._cells() if c not in changing)
 
     def _label(self, release: str, cell: Cell) -> str:
         return self.measured[release].get(cell, NOT_RUN)
 
-    def _ends_measured(self) -> bool:
-        return self.releases[0] in self.measured and self.releases[-1] in self.measured
-
     def _cells(self) -> set[Cell]:
+        if self.releases[0] not in self.measured or self.releases[-1] not in self.measured:
+            return set()
         return self.measured[self.releases[0]].keys() | self.measured[self.releases[-1]].keys()
 
-    def _brackets(self) -> dict[Cell, Bracket]:
-        """The bracket of every cell whose outcome changes, from the releases measured."""
-        if not self._ends_measured():
-            return {}
-        brackets = {}
+    def _brackets(self) -> list[tuple[Cell, Bracket]]:
+        """For every cell, each pair of releases next to each other in the measured order
+        that give it different outcomes."""
+        indices = [i for i, release in enumerate(self.releases) if release in self.measured]
+        brackets = []
         for cell in self._cells():
-            bracket = self._bracket(cell)
-            if bracket is not None:
-                brackets[cell] = bracket
+            labels = [self._label(self.releases[i], cell) for i in indices]
+            brackets += [
+                (cell, Bracket(labels[k], labels[k + 1], indices[k], indices[k + 1]))
+                for k in range(len(indices) - 1)
+                if labels[k] != labels[k + 1]
+            ]
         return brackets
-
-    def _bracket(self, cell: Cell) -> Bracket | None:
-        """A cell skipped in the oldest release first has the release where it starts to run
-        searched (``min_torch``, an API that arrived later); from there, the last index with
-        its first outcome and the first index after it with another."""
-        labels = {
-            i: self._label(release, cell)
-            for i, release in enumerate(self.releases)
-            if release in self.measured
-        }
-        last = len(self.releases) - 1
-        start = 0
-        if labels[0] in NOT_RUNNING and labels[last] not in NOT_RUNNING:
-            bracket = Bracket.around(labels, labels[0], 0, NOT_RUNNING)
-            if bracket.hi - bracket.lo > 1:
-                return bracket
-            start = bracket.hi
-        old = labels[start]
-        if old == labels[last]:
-            return None
-        return Bracket.around(labels, old, start, (old,))
 
     @staticmethod
     def _middle(lo: int, hi: int) -> int:
@@ -174,7 +152,14 @@ class ReleaseSearch:
             lines.append(
                 f"no outcome changes between torch {self.releases[0]} and {self.releases[-1]}"
             )
-        lines.append(f"{len(self.unchanged())} cells give the same outcome at both ends")
+        starts = self.changes(running=True)
+        if starts:
+            firsts = sorted({c.first_new for c in starts}, key=self.releases.index)
+            lines.append(
+                f"{len({c.cell for c in starts})} cells run only from (or until) torch "
+                f"{', '.join(firsts)}: skipped elsewhere"
+            )
+        lines.append(f"{len(self.unchanged())} cells give the same outcome wherever they run")
         return "\n".join(lines)
 
 

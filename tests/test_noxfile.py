@@ -93,7 +93,12 @@ def test_environments_are_ordered_by_last_use_and_heavy_packages_found(
     nf: ModuleType, tmp_path: Path
 ) -> None:
     now = time.time()
-    make_env(tmp_path, "matrix-torch-2-1-2", now - 300, ("torch", "torchmetrics", "nvidia_cublas_cu12", "numpy"))
+    make_env(
+        tmp_path,
+        "matrix-torch-2-1-2",
+        now - 300,
+        ("torch", "torchmetrics", "nvidia_cublas_cu12", "numpy"),
+    )
     make_env(tmp_path, "matrix-torch-2-13-0", now)
     make_env(tmp_path, "matrix-torch-2-4-1", now - 100, ("triton",))
     (tmp_path / "tests").mkdir()

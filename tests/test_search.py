@@ -54,6 +54,28 @@ def test_cells_changing_at_different_releases_share_their_first_probes() -> None
     assert len(probed) < len(RELEASES) - 4
 
 
+def test_a_cell_changing_twice_is_found_at_both_changes() -> None:
+    """As the Lightning cases: another error on 2.1-2.2 (no torch.backends.mha), the known
+    error from 2.3, fixed in 2.6. Both change points are found, as the sweep shows them."""
+    outcomes = truth({A: 5})
+    for release in RELEASES[:2]:
+        outcomes[release][A] = "raises:OTHER"
+    search, probed = run_search(outcomes)
+    found = [(c.old, c.new, c.last_old, c.first_new) for c in search.changes()]
+    assert found == [
+        ("raises:OTHER", "raises:repro", RELEASES[1], RELEASES[2]),
+        ("raises:repro", "passes", RELEASES[4], RELEASES[5]),
+    ]
+    assert len(probed) < len(RELEASES)
+
+
+def test_a_change_that_comes_back_between_measured_releases_is_invisible() -> None:
+    outcomes = truth({A: 0})
+    outcomes[RELEASES[4]][A] = "passes[drift]"  # only in one release in the middle
+    search, probed = run_search(outcomes)
+    assert search.changes() == [] and probed == [RELEASES[0], RELEASES[-1]]
+
+
 def test_no_change_between_the_ends_measures_only_the_ends() -> None:
     search, probed = run_search(truth({A: 0}))
     assert probed == [RELEASES[0], RELEASES[-1]]
@@ -75,6 +97,9 @@ def test_a_cell_that_cannot_run_on_old_releases_is_searched_from_where_it_runs(
     found = {c.cell: (c.old, c.new, c.last_old, c.first_new) for c in search.changes()}
     assert found == {A: ("raises:repro", "passes", RELEASES[8], RELEASES[9])}
     assert search.unchanged() == [B]  # it passes wherever it runs
+    starts = {(c.cell, c.first_new) for c in search.changes(running=True)}
+    assert starts == {(A, RELEASES[runs_from]), (B, RELEASES[runs_from])}
+    assert "2 cells run only from (or until) torch" in search.render()
     assert len(probed) <= 2 + 4 + 4
 
 
