@@ -4,6 +4,7 @@ report's escaping, tolerance of bad input, and a look at it in a real browser.""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -139,6 +140,22 @@ def test_strings_from_runs_are_escaped(tmp_path: Path) -> None:
     html = render_report(aggregate.load_runs([run]))
     assert "<script>alert" not in html and "<b>x</b>" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "&lt;b&gt;x&lt;/b&gt;" in html
+
+
+@pytest.mark.parametrize(
+    "url", ["javascript:alert(1)", " JavaScript:alert(1)", "data:text/html,<b>x</b>"]
+)
+def test_an_upstream_address_that_is_not_http_is_not_a_link(tmp_path: Path, url: str) -> None:
+    run = tmp_path / "evil"
+    shutil.copytree(NEW, run)
+    cases = run / storage.CASES_FILE
+    cases.write_text(
+        cases.read_text().replace('"https://github.com/nari-labs/dia/issues/108"', json.dumps(url))
+    )
+    html = render_report(aggregate.load_runs([run]))
+    assert not re.search(r'href="\s*(javascript|data):', html, re.IGNORECASE)
+    assert "link (not linked: " in html
+    assert 'href="https://github.com/nari-labs/dia"' in html  # the other links stay
 
 
 def test_report_reads_everything_valid_and_names_bad_lines(tmp_path: Path) -> None:

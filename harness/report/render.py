@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -117,8 +118,15 @@ def upstream_links(meta: dict[str, Any]) -> list[tuple[str, str]]:
         if match:
             links.append((issue, f"https://github.com/{match['repo']}/issues/{match['number']}"))
     if up.get("url"):
-        links.append(("link", up["url"]))
+        url = str(up["url"])
+        links.append(("link", url) if is_web_url(url) else (f"link (not linked: {url})", ""))
     return links
+
+
+def is_web_url(url: str) -> bool:
+    """Only http(s) addresses become links: a case's metadata must not put a
+    ``javascript:`` or ``data:`` address into a report someone clicks in."""
+    return urlsplit(url.strip()).scheme.lower() in ("http", "https")
 
 
 def text_or_none(value: Any) -> str | None:
