@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -111,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run_parser.add_argument(
         "--memory-limit",
-        type=positive_float,
+        type=memory_gib,
         metavar="GIB",
         help="memory limit per cell process (RLIMIT_DATA); beyond it allocations fail",
     )
@@ -182,12 +183,26 @@ def add_bisect_parser(commands: Any) -> None:
 
 
 def positive_float(value: str) -> float:
+    """A finite number above zero (``nan``, ``inf`` and ``1e400`` are refused)."""
     try:
         number = float(value)
     except ValueError:
         number = -1.0
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a positive number")
+    if not (math.isfinite(number) and number > 0):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive finite number")
+    return number
+
+
+#: The smallest per-cell memory limit: below it not even the interpreter fits.
+MIN_MEMORY_GIB = 0.25
+
+
+def memory_gib(value: str) -> float:
+    number = positive_float(value)
+    if number < MIN_MEMORY_GIB:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} GiB is too small a memory limit (at least {MIN_MEMORY_GIB:g})"
+        )
     return number
 
 
@@ -231,9 +246,15 @@ def command_list(args: argparse.Namespace) -> int:
 
 
 def selection_from(args: argparse.Namespace) -> Selection:
-    return Selection(
-        **{field: split_values(getattr(args, flag)) for flag, field in AXIS_FLAGS.items()}
-    )
+    """The selection flags; one given with no name at all (``--case ""``) is refused rather
+    than read as "every case"."""
+    values = {}
+    for flag, field in AXIS_FLAGS.items():
+        given = getattr(args, flag)
+        values[field] = split_values(given)
+        if given is not None and not values[field]:
+            raise SelectionError(f"--{flag.replace('_', '-')} was given no name")
+    return Selection(**values)
 
 
 def command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:

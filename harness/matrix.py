@@ -8,6 +8,7 @@ covered and why.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -23,6 +24,10 @@ from harness.records import Cell
 
 class SelectionError(ValueError):
     """A selection that names something that does not exist."""
+
+
+#: ``cuda:N`` with a device index.
+CUDA_INDEX = re.compile(r"^cuda:\d+$")
 
 
 @dataclass(frozen=True)
@@ -137,7 +142,7 @@ def check_selection(cases: Sequence[Case], selection: Selection) -> None:
     _check_names("backend", selection.backends, sorted({b for c in chosen for b in c.backends}))
     _check_names("compile", selection.compiles, sorted({m for c in chosen for m in c.compiles}))
     for device in selection.devices:
-        if device not in ("all", "cpu", "cuda") and not device.startswith("cuda:"):
+        if device not in ("all", "cpu", "cuda") and not CUDA_INDEX.match(device):
             raise SelectionError(f"unknown device {device!r} (use cpu, cuda, cuda:N or all)")
 
 

@@ -25,7 +25,7 @@ from harness import execute, registry, storage
 from harness.case import Case
 from harness.config import RunConfig
 from harness.environment import capture_environment, now_iso
-from harness.matrix import Plan, check_selection, expand
+from harness.matrix import Plan, SelectionError, check_selection, expand
 from harness.pytest_plugin import Controller, cell_crashes, timing_crashes
 from harness.records import Cell, CellRecord
 
@@ -38,7 +38,10 @@ def discover_cases(cases_dirs: Sequence[Path]) -> list[Case]:
 def plan_run(config: RunConfig) -> Plan:
     cases = discover_cases(config.cases_dirs)
     check_selection(cases, config.selection)
-    return expand(cases, config.selection)
+    plan = expand(cases, config.selection)
+    if not plan.total:
+        raise SelectionError("the selection matches no cell (each name exists, no combination)")
+    return plan
 
 
 def start_run_dir(config: RunConfig) -> Path:

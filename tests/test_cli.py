@@ -154,6 +154,18 @@ def test_list_shows_cases_fixes_and_links() -> None:
             "did you mean cast-attn-to-v",
         ),
         (("run", "--cases-dir", str(BROKEN_CASES)), "no_none_fix.py"),
+        (("run", "--timeout", "nan"), "'nan' is not a positive finite number"),
+        (("run", "--timeout", "inf"), "'inf' is not a positive finite number"),
+        (("run", "--timeout", "1e400"), "'1e400' is not a positive finite number"),
+        (("run", "--time-budget", "nan"), "'nan' is not a positive finite number"),
+        (("run", "--memory-limit", "inf"), "'inf' is not a positive finite number"),
+        (("run", "--memory-limit", "1e-12"), "too small a memory limit"),
+        (("run", "--case", ""), "--case was given no name"),
+        (("run", "--device", "cuda:abc"), "unknown device 'cuda:abc'"),
+        (
+            ("run", "--case", "sana-softmax-float", "--mode", "fp32", "--dtype", "float16"),
+            "the selection matches no cell",
+        ),
     ],
 )
 def test_bad_input_is_refused_clearly(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
