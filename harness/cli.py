@@ -328,12 +328,10 @@ def command_report(args: argparse.Namespace) -> int:
 
     runs = [load_run(existing_run_dir(d)) for d in args.run_dirs]
     out = args.out or default_report_path(args.run_dirs)
-    if out.resolve() in {
-        (d / name).resolve()
-        for d in args.run_dirs
-        for name in (storage.CELLS_FILE, storage.ENV_FILE, storage.CASES_FILE)
-    }:
-        raise storage.ResultsError(f"{out}: refusing to overwrite an input file")
+    inputs = [*args.run_dirs, *([args.baseline] if args.baseline else [])]
+    check_output(out, inputs, "--out")
+    if args.markdown:
+        check_output(args.markdown, inputs, "--markdown")
     comparison = None
     if args.baseline:
         comparison = compare_runs(load_run(existing_run_dir(args.baseline)), runs[-1])
@@ -346,6 +344,19 @@ def command_report(args: argparse.Namespace) -> int:
             summary.write(render_markdown(runs))
         print(f"summary: {args.markdown}")
     return 0
+
+
+def check_output(out: Path, run_dirs: Sequence[Path], flag: str) -> None:
+    """A report goes to a file of its own: never into a run folder (its results, its run
+    plan), never over a folder or over the reports' index."""
+    if out.is_dir():
+        raise storage.ResultsError(f"{flag} {out}: a folder; name the file to write")
+    target = out.resolve()
+    for run_dir in run_dirs:
+        if target.is_relative_to(run_dir.resolve()):
+            raise storage.ResultsError(f"{flag} {out}: refusing to write into the run {run_dir}")
+    if flag == "--out" and out.name == "index.html":
+        raise storage.ResultsError(f"{flag} {out}: index.html is the folder's list of reports")
 
 
 def warn(problems: Sequence[str]) -> None:

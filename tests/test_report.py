@@ -207,19 +207,30 @@ def test_index_lists_reports_newest_first(tmp_path: Path) -> None:
     assert index.index("b.html") < index.index("a.html")
 
 
-def test_report_cli_refuses_to_overwrite_its_input(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    shutil.copytree(NEW, run)
-    target = run / storage.CELLS_FILE
-    before = target.read_bytes()
-    result = subprocess.run(
-        [sys.executable, "-m", "harness", "report", str(run), "--out", str(target)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 2 and "refusing to overwrite" in result.stderr
-    assert target.read_bytes() == before
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [
+        ("run/cells.jsonl", "refusing to write into the run"),
+        ("run/run-plan.json", "refusing to write into the run"),
+        ("base/cells.jsonl", "refusing to write into the run"),
+        ("reports/index.html", "index.html is the folder's list of reports"),
+        ("reports", "a folder; name the file to write"),
+    ],
+)
+def test_report_cli_refuses_to_overwrite_what_it_did_not_write(
+    tmp_path: Path, where: str, message: str
+) -> None:
+    shutil.copytree(NEW, tmp_path / "run")
+    shutil.copytree(OLD, tmp_path / "base")
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "index.html").write_text("mine")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    result = harness(
+        "report", str(tmp_path / "run"), "--baseline", str(tmp_path / "base"),
+        "--out", str(tmp_path / where),
+    )  # fmt: skip
+    assert result.returncode == 2 and message in result.stderr
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
 def chromium() -> str | None:
