@@ -138,9 +138,13 @@ def discover(extra_dirs: Iterable[Path] = ()) -> Discovery:
     Each module must register exactly one case; a module that does not is a contract error.
     """
     modules: dict[str, tuple[str, ...]] = {}
+    folders: list[Path] = []
     for directory in (BUILTIN_CASES_DIR, *extra_dirs):
+        if Path(directory).is_dir() and Path(directory).resolve() in folders:
+            continue  # the same folder named twice (``--cases-dir cases``): read once
         paths = case_module_paths(Path(directory))
-        if Path(directory).resolve() != BUILTIN_CASES_DIR:
+        folders.append(Path(directory).resolve())
+        if folders[-1] != BUILTIN_CASES_DIR:
             importable_siblings(Path(directory))
         for path in paths:
             modules[str(path)] = _import_case_module(path)
@@ -175,6 +179,8 @@ def _import_case_module(path: Path) -> tuple[str, ...]:
         _load_module(module_name, path)
     except CaseContractError:
         raise
+    except SystemExit as error:  # a module must not end the run it is imported into
+        raise CaseContractError(f"{path}: called sys.exit({error.code!r}) at import") from error
     except Exception as error:
         raise CaseContractError(f"{path}: failed to import: {error!r}") from error
     added = tuple(sorted(set(_REGISTRY) - before))

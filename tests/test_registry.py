@@ -126,3 +126,20 @@ def test_module_registering_no_case_is_reported(clean_registry: None, tmp_path: 
     (tmp_path / "empty_case.py").write_text('"""Nothing here."""\n')
     with pytest.raises(CaseContractError, match="registers 0 cases, expected exactly one"):
         registry.discover([tmp_path])
+
+
+def test_a_module_calling_sys_exit_at_import_is_named(
+    clean_registry: None, tmp_path: Path
+) -> None:
+    (tmp_path / "exits.py").write_text("import sys\nsys.exit(3)\n")
+    with pytest.raises(CaseContractError, match=r"exits.py: called sys.exit\(3\) at import"):
+        registry.discover([tmp_path])
+
+
+def test_the_builtin_folder_named_again_is_read_once(
+    clean_registry: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--cases-dir cases`` from the project root: not every case a duplicate of itself."""
+    monkeypatch.chdir(registry.BUILTIN_CASES_DIR.parent)
+    registry.discover([Path("cases"), registry.BUILTIN_CASES_DIR])
+    assert "sana-softmax-float" in registry.names()
