@@ -64,12 +64,26 @@ class Forked:
 def _child(
     conn: Connection, work: Callable[[], Any], memory_bytes: int | None, threads: int
 ) -> None:
-    """In the child: set limits, do the work, send its value back."""
-    if memory_bytes:
-        resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))
-    torch.set_num_threads(threads)
-    conn.send(work())
+    """In the child: set limits, do the work, send its value back, or what stopped it (any
+    exception the work let out, ``KeyboardInterrupt`` and ``SystemExit`` included)."""
+    try:
+        if memory_bytes:
+            resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))
+        torch.set_num_threads(threads)
+        result = (True, work())
+    except BaseException as error:  # everything goes back to the parent
+        result = (False, describe_error(error))
+    conn.send(result)
     conn.close()
+
+
+def describe_error(error: BaseException) -> str:
+    """``Type: message``, even for an exception whose ``str()`` itself fails."""
+    try:
+        message = str(error)
+    except Exception as broken:
+        message = f"<str() of the exception failed: {type(broken).__name__}>"
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 
 def describe_exit(exitcode: int | None, whose: str = "the cell's process") -> str:
@@ -102,7 +116,10 @@ def run_forked(
     try:
         if receive.poll(timeout_s):
             try:
-                return Forked(value=receive.recv())
+                ok, value = receive.recv()
+                if ok:
+                    return Forked(value=value)
+                return Forked(failure=f"{whose} failed without a result: {value}")
             except EOFError:
                 pass  # the child died before sending: a crash, below
         elif child.is_alive():

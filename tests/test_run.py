@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
-from harness import run, storage
+from harness import isolation, run, storage
 from harness.config import RunConfig
 from harness.pytest_plugin import Controller
 from harness.records import Cell, CellRecord, Outcome
@@ -139,3 +141,34 @@ def test_the_run_config_round_trips_and_reads_older_run_plans(tmp_path: Path) ->
     older = {"cases_dirs": [str(tmp_path)], "limits": {"timeout_s": 5.0}, "timing": None}
     legacy = RunConfig.of_run_plan({**older, "cells": []})
     assert (legacy.cases_dirs, legacy.limits.timeout_s, legacy.timing) == ((tmp_path,), 5.0, None)
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+def raise_keyboard_interrupt() -> None:
+    raise KeyboardInterrupt("pressed in a fix")
+
+
+def raise_unprintable() -> None:
+    raise Unprintable()
+
+
+@pytest.mark.parametrize(
+    ("work", "cause"),
+    [
+        (raise_keyboard_interrupt, "KeyboardInterrupt: pressed in a fix"),
+        (raise_unprintable, "Unprintable: <str() of the exception failed: RuntimeError>"),
+        (lambda: sys.exit(5), "SystemExit: 5"),
+    ],
+)
+def test_a_child_that_fails_in_python_says_why(work: Callable[[], None], cause: str) -> None:
+    forked = isolation.run_forked(work, timeout_s=30, threads=1)
+    assert forked.failure == f"the cell's process failed without a result: {cause}"
+    assert not forked.timed_out
+
+
+def test_a_child_value_comes_back() -> None:
+    assert isolation.run_forked(lambda: {"a": 1}, timeout_s=30, threads=1).value == {"a": 1}
