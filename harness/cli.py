@@ -423,6 +423,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CaseContractError, SelectionError, storage.ResultsError) as error:
         print(f"ampmatrix: error: {error}", file=sys.stderr)
         return 2
+    except OSError as error:  # a folder that is a file, read-only, full: one line, no trace
+        where = f": {error.filename}" if error.filename else ""
+        print(f"ampmatrix: error: {error.strerror or error}{where}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -238,17 +238,20 @@ def resume(run_dir: Path, workers: str = "auto") -> Path:
     """Finish a run that was stopped: only the cells without a record run (and, if the run
     times cells, only the cells without figures are timed)."""
     saved = storage.read_run_plan(run_dir)
-    config = replace(RunConfig.of_run_plan(saved), results_root=run_dir.parent, workers=workers)
+    try:
+        config = RunConfig.of_run_plan(saved)
+        planned = [Cell.from_dict(c) for c in saved["cells"]]
+        skipped = [(Cell.from_dict(c), str(reason)) for c, reason in saved["skipped"]]
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        path = run_dir / storage.RUN_PLAN_FILE
+        raise storage.ResultsError(f"{path}: malformed run plan ({error!r})") from error
+    config = replace(config, results_root=run_dir.parent, workers=workers)
     discover_cases(config.cases_dirs)
     dropped = storage.drop_partial_last_line(run_dir)
     done = {record.cell for record in storage.read_records(run_dir, problems=[])}
     plan = Plan(
-        to_run=[c for c in map(Cell.from_dict, saved["cells"]) if c not in done],
-        skipped=[
-            (Cell.from_dict(c), reason)
-            for c, reason in saved["skipped"]
-            if Cell.from_dict(c) not in done
-        ],
+        to_run=[c for c in planned if c not in done],
+        skipped=[(c, reason) for c, reason in skipped if c not in done],
     )
     env = storage.read_env(run_dir)
     env.setdefault("resumed", []).append(

@@ -106,8 +106,12 @@ def read_run_plan(run_dir: Path) -> dict[str, Any]:
         data: dict[str, Any] = json.loads(path.read_text())
     except FileNotFoundError as error:
         raise ResultsError(f"{path}: missing: this run cannot be resumed") from error
-    except json.JSONDecodeError as error:
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ResultsError(f"{path}: not valid JSON ({error})") from error
+    if not isinstance(data, dict) or not all(
+        isinstance(data.get(key), list) for key in ("cells", "skipped")
+    ):
+        raise ResultsError(f"{path}: not a run plan (no lists of cells and skipped cells)")
     return data
 
 

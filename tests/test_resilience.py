@@ -162,6 +162,34 @@ def test_resume_refuses_selection_flags_and_runs_without_a_plan(tmp_path: Path) 
     assert result.returncode == 2 and "run-plan.json: missing" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("plan", "message"),
+    [
+        ("[]", "not a run plan"),
+        ('{"cells": [1], "skipped": []}', "malformed run plan"),
+        ('{"cells": [], "skipped": [], "config": {"selection": 3}}', "malformed run plan"),
+        (b"\xff\xfe", "not valid JSON"),
+    ],
+)
+def test_a_malformed_run_plan_is_named_not_a_traceback(
+    tmp_path: Path, plan: str | bytes, message: str
+) -> None:
+    path = tmp_path / storage.RUN_PLAN_FILE
+    path.write_bytes(plan if isinstance(plan, bytes) else plan.encode())
+    result = harness("run", "--resume", str(tmp_path))
+    assert result.returncode == 2 and message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_results_folder_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "results"
+    blocker.write_text("not a folder")
+    result = harness("run", "--case", "sana-softmax-float", "--out", str(blocker))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("ampmatrix: error: ") and str(blocker) in result.stderr
+    assert blocker.read_text() == "not a folder"
+
+
 def test_a_half_written_last_line_is_cut_before_appending(tmp_path: Path) -> None:
     cells = tmp_path / storage.CELLS_FILE
     cells.write_text('{"a": 1}\n{"schema_version": 1, "ca')
