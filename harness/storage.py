@@ -93,7 +93,7 @@ def read_env(run_dir: Path) -> dict[str, Any]:
         data = json.loads(path.read_text())
     except FileNotFoundError as error:
         raise ResultsError(f"{path}: missing (not a results directory?)") from error
-    except json.JSONDecodeError as error:
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ResultsError(f"{path}: not valid JSON ({error})") from error
     if not isinstance(data, dict):
         raise ResultsError(f"{path}: expected a JSON object")
@@ -142,11 +142,11 @@ def read_record_lines(run_dir: Path, problems: list[str] | None = None) -> list[
     if not path.exists():
         return []
     records = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
+    for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+        if not raw.strip():
             continue
         try:
-            records.append(_parse_record(path, number, line))
+            records.append(_parse_record(path, number, _decoded(path, number, raw)))
         except ResultsError as error:
             if problems is None:
                 raise
@@ -162,6 +162,14 @@ def read_records(run_dir: Path, problems: list[str] | None = None) -> list[CellR
         latest.pop(record.cell.id, None)
         latest[record.cell.id] = record
     return list(latest.values())
+
+
+def _decoded(path: Path, number: int, raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        where = f"{path}:{number}"
+        raise ResultsError(f"{where}: not UTF-8 ({error.reason} at byte {error.start})") from None
 
 
 def _parse_record(path: Path, number: int, line: str) -> CellRecord:

@@ -176,6 +176,24 @@ def test_report_reads_everything_valid_and_names_bad_lines(tmp_path: Path) -> No
     assert cells.read_bytes() == before  # input never rewritten
 
 
+def test_a_byte_that_is_not_utf8_costs_only_its_line(tmp_path: Path) -> None:
+    """report, compare, bisect and --resume all read records through the same reader."""
+    run = tmp_path / "bytes"
+    shutil.copytree(NEW, run)
+    cells = run / storage.CELLS_FILE
+    lines = cells.read_bytes().split(b"\n")
+    lines[0] = lines[0].replace(b'"case": "', b'"case": "\xff', 1)
+    cells.write_bytes(b"\n".join(lines))
+    problems: list[str] = []
+    records = storage.read_records(run, problems)
+    assert len(problems) == 1 and problems[0].startswith(f"{cells}:1: not UTF-8 (invalid start")
+    assert len(records) == len(storage.read_records(NEW))  # line 1 was superseded anyway
+    for command in (("report", str(run), "--out", str(tmp_path / "r.html")),
+                    ("bisect", str(run)), ("compare", str(NEW), str(run))):  # fmt: skip
+        result = harness(*command)
+        assert "Traceback" not in result.stderr and "not UTF-8" in result.stderr, command
+
+
 def test_report_of_runs_without_timing(tmp_path: Path) -> None:
     run = tmp_path / "untimed"
     shutil.copytree(NEW, run)
