@@ -198,6 +198,17 @@ def measured_peaks(records: Sequence[CellRecord]) -> dict[str, dict[str, float]]
     return peaks
 
 
+def check_same_torch(run_dir: Path) -> None:
+    """Records of another torch must not join a run recorded under this one."""
+    recorded = storage.read_env(run_dir).get("torch_version")
+    if recorded and recorded != torch.__version__:
+        raise storage.ResultsError(
+            f"{run_dir} was recorded under torch {recorded}; this environment has torch "
+            f"{torch.__version__}: resume it from {recorded}'s environment "
+            f"(nox -s \"matrix(torch='{str(recorded).split('+')[0]}')\" -- --resume {run_dir})"
+        )
+
+
 def write_run_plan(run_dir: Path, plan: Plan, config: RunConfig) -> None:
     """Everything ``--resume`` needs to finish this run as it was started."""
     storage.write_json_atomic(
@@ -225,18 +236,25 @@ def run(config: RunConfig) -> Path:
     """Run the selected matrix; returns the run directory."""
     plan = plan_run(config)
     run_dir = start_run_dir(config)
-    write_run_plan(run_dir, plan, config)
-    print(
-        f"ampmatrix: {len(plan.to_run)} cells to run, {len(plan.skipped)} skipped here; "
-        f"results in {run_dir}",
-        flush=True,
-    )
-    return run_cells(run_dir, plan, config)
+    with storage.run_lock(run_dir):
+        write_run_plan(run_dir, plan, config)
+        print(
+            f"ampmatrix: {len(plan.to_run)} cells to run, {len(plan.skipped)} skipped here; "
+            f"results in {run_dir}",
+            flush=True,
+        )
+        return run_cells(run_dir, plan, config)
 
 
 def resume(run_dir: Path, workers: str = "auto") -> Path:
     """Finish a run that was stopped: only the cells without a record run (and, if the run
-    times cells, only the cells without figures are timed)."""
+    times cells, only the cells without figures are timed). One process at a time, under
+    the torch the run was recorded with; a finished run is left as it is."""
+    with storage.run_lock(run_dir):
+        return resume_locked(run_dir, workers)
+
+
+def resume_locked(run_dir: Path, workers: str) -> Path:
     saved = storage.read_run_plan(run_dir)
     try:
         config = RunConfig.of_run_plan(saved)
@@ -245,6 +263,7 @@ def resume(run_dir: Path, workers: str = "auto") -> Path:
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         path = run_dir / storage.RUN_PLAN_FILE
         raise storage.ResultsError(f"{path}: malformed run plan ({error!r})") from error
+    check_same_torch(run_dir)
     config = replace(config, results_root=run_dir.parent, workers=workers)
     discover_cases(config.cases_dirs)
     dropped = storage.drop_partial_last_line(run_dir)
@@ -253,6 +272,9 @@ def resume(run_dir: Path, workers: str = "auto") -> Path:
         to_run=[c for c in planned if c not in done],
         skipped=[(c, reason) for c, reason in skipped if c not in done],
     )
+    if not plan.to_run and not plan.skipped and not (config.timing and cells_to_time(run_dir)):
+        print(f"ampmatrix: {run_dir} is complete: nothing left to run or time", flush=True)
+        return run_dir
     env = storage.read_env(run_dir)
     env.setdefault("resumed", []).append(
         {"at": now_iso(), "dropped_partial_line": dropped, "cells_left": len(plan.to_run)}

@@ -10,6 +10,8 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -76,6 +78,27 @@ def append_record(run_dir: Path, record: CellRecord) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.write(fd, line)
         os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+#: Held by the process running or resuming a run, for as long as it does.
+LOCK_FILE = ".ampmatrix.lock"
+
+
+@contextmanager
+def run_lock(run_dir: Path) -> Iterator[None]:
+    """One process at a time writes a run: a second ``run``/``--resume`` of the same folder
+    is refused instead of running and timing the same cells twice."""
+    fd = os.open(run_dir / LOCK_FILE, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ResultsError(
+                f"{run_dir}: another ampmatrix process is running or resuming this run"
+            ) from None
+        yield
     finally:
         os.close(fd)
 

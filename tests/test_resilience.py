@@ -203,3 +203,27 @@ def test_records_are_whole_lines_under_parallel_appends(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     lines = (only_run_dir(tmp_path) / storage.CELLS_FILE).read_text().splitlines()
     assert all(json.loads(line)["schema_version"] == SCHEMA_VERSION for line in lines)
+
+
+def test_resume_is_one_process_at_a_time_same_torch_and_leaves_a_finished_run(
+    tmp_path: Path,
+) -> None:
+    result = run_cases(TOY_CASES, "toy-mixed-matmul", tmp_path, "--fix", "none")
+    assert result.returncode == 0, result.stderr
+    run_dir = only_run_dir(tmp_path)
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+
+    finished = harness("run", "--resume", str(run_dir))
+    assert finished.returncode == 0 and "nothing left to run or time" in finished.stdout
+    after = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    assert after == before  # env.json (workers, finished_at) not rewritten
+
+    with storage.run_lock(run_dir):
+        busy = harness("run", "--resume", str(run_dir))
+    assert busy.returncode == 2 and "another ampmatrix process" in busy.stderr
+
+    env = json.loads((run_dir / storage.ENV_FILE).read_text())
+    (run_dir / storage.ENV_FILE).write_text(json.dumps({**env, "torch_version": "2.4.1+cu121"}))
+    other = harness("run", "--resume", str(run_dir))
+    assert other.returncode == 2 and "recorded under torch 2.4.1+cu121" in other.stderr
+    assert "matrix(torch='2.4.1')" in other.stderr
