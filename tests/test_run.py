@@ -81,7 +81,8 @@ def test_gpu_cells_are_grouped_per_device_in_the_correctness_phase(
 ) -> None:
     cells = [ran("none", d).cell.to_dict() for d in ("cpu", "cuda:0", "cuda:1")]
     storage.write_json_atomic(
-        pytester.path / storage.RUN_PLAN_FILE, {"config": RunConfig().to_dict(), "cells": cells}
+        pytester.path / storage.RUN_PLAN_FILE,
+        {"config": RunConfig().to_dict(), "cells": cells, "skipped": []},
     )
     plan = pytester.path / storage.PLAN_FILE
     plan.write_text(json.dumps({"run_dir": str(pytester.path), "cells": cells}))
