@@ -78,7 +78,17 @@ def every_version_requested() -> bool:
     """True for ``nox -s "matrix(torch='X')"`` and ``nox -t ...``: they run what they name.
     A bare ``nox -s matrix`` (or plain ``nox``) runs the default version only."""
     args = sys.argv[1:]
-    return any("matrix(" in a for a in args) or any(a in ("-t", "--tags") for a in args)
+    return any("matrix(" in a for a in args) or any(a.startswith(("-t", "--tags")) for a in args)
+
+
+def session_versions() -> tuple[str, ...]:
+    """The releases given a matrix session in this nox call: every one to list them or
+    where named, else only the default, so that a plain ``nox -s matrix`` creates no
+    environment for the releases it skips."""
+    listing = any(a in ("-l", "--list", "--list-sessions", "--json") for a in sys.argv[1:])
+    if listing or every_version_requested():
+        return configured_versions()
+    return (default_version(),)
 
 
 def install_with_torch(session: nox.Session, version: str, *packages: str) -> None:
@@ -92,7 +102,7 @@ def install_with_torch(session: nox.Session, version: str, *packages: str) -> No
     ).hexdigest()
     location = Path(str(session.virtualenv.location))
     (location / USED_MARKER).touch()
-    marker = location / ".ampmatrix-requirements"
+    marker = location / INSTALLED_MARKER
     if marker.exists() and marker.read_text() == stamp:
         session.log("requirements unchanged: reusing this environment without installing")
         return
@@ -150,7 +160,7 @@ def lightning_requirements(version: str) -> tuple[str, ...]:
 
 
 @nox.session(python=PYTHON, tags=["all-versions"], venv_backend=VENV_BACKEND)
-@nox.parametrize("torch", configured_versions())
+@nox.parametrize("torch", session_versions())
 def matrix(session: nox.Session, torch: str) -> None:
     """Run every case on every available device; arguments after -- go to `harness run`."""
     if torch != default_version() and not every_version_requested():
@@ -174,6 +184,8 @@ def prune(session: nox.Session) -> None:
     prune_environments(session, keep)
 
 
+#: Written in an environment once its requirements are installed (their hash).
+INSTALLED_MARKER = ".ampmatrix-requirements"
 #: Touched in a matrix environment each time a session uses it.
 USED_MARKER = ".ampmatrix-used"
 
@@ -225,7 +237,7 @@ def bisect(session: nox.Session) -> None:
     search = ReleaseSearch(search_order(configured_versions()))
     created = []
     while (release := search.next_release()) is not None:
-        if not environment_of(release).exists():
+        if not (environment_of(release) / INSTALLED_MARKER).exists():
             created.append(release)
         session.log(f"bisect: measuring torch {release}")
         run_matrix_session(

@@ -117,3 +117,24 @@ def test_a_bisect_finds_each_release_run_folder(nf: ModuleType, tmp_path: Path) 
     with pytest.raises(FileNotFoundError, match=re.escape("no run of torch 2.1.20")):
         nf.run_of(tmp_path, "2.1.20")
     assert nf.environment_of("2.13.0") == Path(".nox") / "matrix-torch-2-13-0"
+
+
+@pytest.mark.parametrize(
+    ("argv", "every"),
+    [
+        (["nox", "-s", "matrix"], False),
+        (["nox"], False),
+        (["nox", "-s", "matrix(torch='2.4.1')"], True),
+        (["nox", "-t", "all-versions"], True),
+        (["nox", "--tags=all-versions"], True),
+        (["nox", "--list"], True),
+        (["nox", "-l", "--json"], True),
+    ],
+)
+def test_a_plain_matrix_call_parametrizes_only_the_default_release(
+    nf: ModuleType, monkeypatch: pytest.MonkeyPatch, argv: list[str], every: bool
+) -> None:
+    """Otherwise nox creates an empty environment for every release it then skips."""
+    monkeypatch.setattr(sys, "argv", argv)
+    expected = nf.configured_versions() if every else (nf.default_version(),)
+    assert nf.session_versions() == expected
