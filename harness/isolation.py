@@ -161,6 +161,7 @@ def time_column_isolated(
 ) -> list[CellRecord]:
     """Time a column in a child process. If the child dies or overruns, each cell is timed
     again alone, so a fix that kills its process costs only its own figures."""
+    perf.warm_up()
     forked = run_forked(
         lambda: [r.to_dict() for r in execute.time_column(records, config, worker)],
         limits.timeout_s * len(records),
