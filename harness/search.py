@@ -178,5 +178,7 @@ def search_order(releases: Sequence[str]) -> tuple[str, ...]:
 
 
 def release_key(version: str) -> tuple[int, ...]:
+    """``2.13.0+cpu`` -> (2, 13, 0), so 2.4 sorts before 2.13 (the one version order: the
+    report, ``harness bisect``, ``min_torch`` and the search all use it)."""
     core = version.split("+")[0]
     return tuple(int(p) if p.isdigit() else 0 for p in core.split("."))

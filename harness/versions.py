@@ -8,13 +8,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from harness.records import Cell, CellRecord, Outcome, outcome_label
+from harness.search import release_key
 from harness.summary import format_rows
-
-
-def version_key(version: str) -> tuple[int, ...]:
-    """``2.13.0+cpu`` -> (2, 13, 0), so 2.4 sorts before 2.13."""
-    core = version.split("+")[0]
-    return tuple(int(p) if p.isdigit() else 0 for p in core.split("."))
 
 
 @dataclass(frozen=True)
@@ -46,7 +41,7 @@ def outcome_changes(records: Sequence[CellRecord]) -> list[OutcomeChange]:
     """Consecutive versions (in version order) between which a cell's outcome differs."""
     changes = []
     for cell, by_version in sorted(outcomes_by_version(records).items()):
-        versions = sorted(by_version, key=version_key)
+        versions = sorted(by_version, key=release_key)
         for before, after in itertools.pairwise(versions):
             if by_version[before] != by_version[after]:
                 changes.append(
@@ -58,7 +53,7 @@ def outcome_changes(records: Sequence[CellRecord]) -> list[OutcomeChange]:
 def render_bisect(records: Sequence[CellRecord]) -> str:
     """The outcome of every cell under every version, then the changes."""
     table = outcomes_by_version(records)
-    versions = sorted({v for by in table.values() for v in by}, key=version_key)
+    versions = sorted({v for by in table.values() for v in by}, key=release_key)
     rows = [["cell", *(f"torch {v.split('+')[0]}" for v in versions)]]
     for cell, by in sorted(table.items()):
         rows.append([cell.id, *(by.get(v, "-") for v in versions)])

@@ -8,7 +8,8 @@ from pathlib import Path
 from harness import storage
 from harness.records import Cell, CellRecord, Outcome
 from harness.report.compare import pair_runs
-from harness.versions import outcome_changes, render_bisect, version_key
+from harness.search import release_key
+from harness.versions import outcome_changes, render_bisect
 
 DATA = Path(__file__).parent / "data" / "runs"
 
@@ -22,7 +23,7 @@ def rec(
 
 
 def test_versions_sort_numerically() -> None:
-    assert sorted(["2.13.0+cpu", "2.4.1+cu121", "2.10.1"], key=version_key) == [
+    assert sorted(["2.13.0+cpu", "2.4.1+cu121", "2.10.1"], key=release_key) == [
         "2.4.1+cu121",
         "2.10.1",
         "2.13.0+cpu",

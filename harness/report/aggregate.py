@@ -16,9 +16,9 @@ import pandas as pd
 from harness import storage
 from harness.axes import DTYPES, MODE_NAMES, rank
 from harness.records import DRIFT, REPRODUCES, CellRecord, Outcome, base_label, outcome_label
+from harness.search import release_key
 from harness.speed import SpeedRatios, record_key, speed_ratios
 from harness.summary import failure_line
-from harness.versions import version_key
 
 
 @dataclass
@@ -127,7 +127,7 @@ def row_labels(frame: pd.DataFrame) -> pd.Series:
 
 def env_order(frame: pd.DataFrame) -> list[str]:
     envs = frame.drop_duplicates("env")[["env", "torch_version", "device"]]
-    ordered = sorted(envs.itertuples(), key=lambda e: (version_key(e.torch_version), e.device))
+    ordered = sorted(envs.itertuples(), key=lambda e: (release_key(e.torch_version), e.device))
     return [e.env for e in ordered]
 
 
@@ -165,7 +165,7 @@ def version_view(frame: pd.DataFrame) -> pd.DataFrame:
     """For each case: in which torch versions its upstream path (fix ``none``) reproduces
     the known failure, and in which dtypes."""
     upstream = frame[(frame["fix"] == "none") & (frame["outcome"] != Outcome.SKIPPED.value)]
-    versions = sorted(upstream["torch_version"].unique(), key=version_key)
+    versions = sorted(upstream["torch_version"].unique(), key=release_key)
     rows = {}
     for case, group in upstream.groupby("case"):
         rows[case] = {v: _reproduction_text(group[group["torch_version"] == v]) for v in versions}
@@ -177,7 +177,7 @@ def passing_by_version(frame: pd.DataFrame) -> pd.DataFrame:
     pass with no flag, of those that ran), and ``first passing``: the oldest version from
     which the fix passes in every cell that ran, in every later version measured too."""
     ran = frame[frame["outcome"] != Outcome.SKIPPED.value]
-    versions = sorted(ran["torch_version"].unique(), key=version_key)
+    versions = sorted(ran["torch_version"].unique(), key=release_key)
     rows = {}
     for (case, fix), cells in ran.groupby(["case", "fix"]):
         by_version = {v: cells[cells["torch_version"] == v] for v in versions}
