@@ -16,8 +16,9 @@ from harness.case import Case
 from harness.config import RunConfig
 from harness.isolation import DEFAULT_TIMEOUT_S, Limits
 from harness.matrix import Selection, SelectionError
+from harness.records import Cell
 from harness.registry import CaseContractError
-from harness.run import discover_cases, resume, run
+from harness.run import discover_cases, missing_cells, resume, run
 from harness.speed import ALPHA, MIN_RATIO
 from harness.summary import render_summary
 from harness.timing import TimingConfig
@@ -292,8 +293,15 @@ def command_resume(args: argparse.Namespace) -> int:
     return show_run(run_dir, args.report_dir)
 
 
+#: The exit code of a run that ended with planned cells that have no record.
+INCOMPLETE = 3
+#: At most this many missing cells are named one by one.
+MAX_MISSING_SHOWN = 20
+
+
 def show_run(run_dir: Path, report_dir: Path | None) -> int:
-    """The summary of a finished run, its path, and its report when asked for."""
+    """The summary of a finished run, its path, and its report when asked for. A run
+    that left planned cells without a record names them and exits ``INCOMPLETE``."""
     print()
     print(render_summary(storage.read_records(run_dir)))
     print(f"\nresults: {run_dir / storage.CELLS_FILE}")
@@ -305,7 +313,19 @@ def show_run(run_dir: Path, report_dir: Path | None) -> int:
             render_report([load_run(run_dir)]), report_dir / f"{run_dir.name}.html"
         )
         print(f"report:  {report}")
-    return 0
+    return report_missing(run_dir, missing_cells(run_dir))
+
+
+def report_missing(run_dir: Path, missing: Sequence[Cell]) -> int:
+    if not missing:
+        return 0
+    print(f"\nampmatrix: {len(missing)} planned cells have no record:", file=sys.stderr)
+    for cell in missing[:MAX_MISSING_SHOWN]:
+        print(f"  {cell.id}", file=sys.stderr)
+    if len(missing) > MAX_MISSING_SHOWN:
+        print(f"  ... and {len(missing) - MAX_MISSING_SHOWN} more", file=sys.stderr)
+    print(f"finish them with: python -m harness run --resume {run_dir}", file=sys.stderr)
+    return INCOMPLETE
 
 
 def existing_run_dir(path: Path) -> Path:

@@ -9,6 +9,8 @@ workload; the timing phase calls it many times on one workload.
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import random
 import time
 import traceback
@@ -16,13 +18,12 @@ import warnings
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from harness import registry
+from harness import registry, torch_state
 from harness.case import Case, RunContext, Workload
 from harness.numerics import judge_leaves, within_tolerance
 from harness.perf import perf_figures
@@ -219,9 +220,22 @@ def float64_leaves(output: Any) -> Leaves:
     }
 
 
-@lru_cache(maxsize=32)
+#: What is computed once per process and shared by every cell of a case: the float64
+#: reference by case, the baseline by (case, dtype). A worker fills them from a forked
+#: process (``remember_shared``), so a reference fix that crashes or changes torch's global
+#: settings cannot reach the worker.
+_REFERENCES: dict[str, Leaves] = {}
+_BASELINES: dict[tuple[str, str], Baseline] = {}
+
+
 def reference_leaves(case_name: str) -> Leaves:
     """The case's reference fix in float64 on the CPU, as named float64 leaves."""
+    if case_name not in _REFERENCES:
+        _REFERENCES[case_name] = compute_reference(case_name)
+    return _REFERENCES[case_name]
+
+
+def compute_reference(case_name: str) -> Leaves:
     case = registry.get(case_name)
     ctx = context_for(case, plain_cell(case, "float64"))
     try:
@@ -241,9 +255,14 @@ class Baseline:
     error: str | None = None
 
 
-@lru_cache(maxsize=32)
 def baseline(case_name: str, dtype: str) -> Baseline:
     """Error of a plain low-precision computation (reference fix, mode half, CPU)."""
+    if (case_name, dtype) not in _BASELINES:
+        _BASELINES[case_name, dtype] = compute_baseline(case_name, dtype)
+    return _BASELINES[case_name, dtype]
+
+
+def compute_baseline(case_name: str, dtype: str) -> Baseline:
     case = registry.get(case_name)
     ctx = context_for(case, plain_cell(case, dtype))
     try:
@@ -255,6 +274,30 @@ def baseline(case_name: str, dtype: str) -> Baseline:
     reference = reference_leaves(case_name)
     numerics = judge_leaves(output_leaves(run.output), reference, dtype_of(dtype), {})
     return Baseline({leaf: n.rel_err for leaf, n in numerics.items()})
+
+
+def shared_figures(case_name: str, dtype: str) -> bytes | None:
+    """The case's reference and its baseline in ``dtype``, serialised for the process that
+    forked this one; None when the reference fix raised (each cell then records why)."""
+    try:
+        shared = (reference_leaves(case_name), baseline(case_name, dtype))
+    except Exception:
+        return None
+    buffer = io.BytesIO()
+    torch.save({"reference": shared[0], "baseline": dataclasses.asdict(shared[1])}, buffer)
+    return buffer.getvalue()
+
+
+def remember_shared(case_name: str, dtype: str, data: bytes) -> None:
+    """Keep what ``shared_figures`` computed in another process."""
+    loaded = torch.load(io.BytesIO(data), weights_only=True)
+    _REFERENCES[case_name] = loaded["reference"]
+    _BASELINES[case_name, dtype] = Baseline(**loaded["baseline"])
+
+
+def forget_shared() -> None:
+    _REFERENCES.clear()
+    _BASELINES.clear()
 
 
 def classify(case: Case, cell: Cell, run: FixRun, record: CellRecord) -> CellRecord:
@@ -377,8 +420,10 @@ def run_cell(cell: Cell, worker: str | None = None, trace: bool = True) -> CellR
         worker=worker,
     )
     ctx = context_for(case, cell)
+    changed: list[str] = []
     try:
-        run = run_fix_checked(case, cell.fix, ctx, trace, cell.compile)
+        with torch_state.kept(changed):
+            run = run_fix_checked(case, cell.fix, ctx, trace, cell.compile)
         record = replace(record, attn_dtype=ctx.observation.summary())
         record = classify(case, cell, run, record)
     except ReferenceFailed as failure:
@@ -387,7 +432,17 @@ def run_cell(cell: Cell, worker: str | None = None, trace: bool = True) -> CellR
         record = crashed(record, CrashKind.WORKLOAD_FAILED, failure.error, case)
     except Exception as error:  # the harness itself failed on this cell
         record = crashed(record, CrashKind.HARNESS, error, case)
-    return replace(record, duration_s=round(time.perf_counter() - started, 6))
+    return replace(
+        record,
+        duration_s=round(time.perf_counter() - started, 6),
+        note=join_notes(record.note, changed_note(changed)),
+    )
+
+
+def changed_note(changed: list[str]) -> str | None:
+    """A cell whose code changed torch's global settings says so: elsewhere than in its own
+    process, that change would reach every cell after it."""
+    return f"the cell's code {torch_state.describe(changed)}" if changed else None
 
 
 def skipped_record(cell: Cell, reason: str) -> CellRecord:
@@ -458,18 +513,47 @@ class TimedCall:
 
 
 def checked_call(record: CellRecord) -> TimedCall | CellRecord:
-    """The cell's call, after two calls that must agree; or its record with a note."""
+    """The cell's call, after two calls that must agree; or its record with a note. A call
+    that changes torch's global settings has them put back after every call, so the fixes
+    timed beside it run as they would alone."""
+    changed: list[str] = []
     try:
-        call, device = prepare_call(record.cell)
-        first, second = call(), call()
-        same = same_output(first, second)
+        with torch_state.kept(changed):
+            call, device = prepare_call(record.cell)
+            first, second = call(), call()
+            same = same_output(first, second)
     except Exception as error:
         return replace(record, timing_error=f"{type(error).__name__}: {error}"[:MAX_MESSAGE])
+    notes = (None if same else NOT_RERUNNABLE, restored_note(changed, record.note))
     return TimedCall(
-        replace(record, note=join_notes(record.note, None if same else NOT_RERUNNABLE)),
-        call,
+        replace(record, note=join_notes(record.note, *notes)),
+        restoring(call) if changed else call,
         device,
     )
+
+
+def restored_note(changed: list[str], note: str | None) -> str | None:
+    if not changed:
+        return None
+    changes = torch_state.describe(changed)
+    known = changes in (note or "")  # the correctness run's note already names them
+    return RESTORED_NOTE + ("" if known else f": the fix {changes}")
+
+
+RESTORED_NOTE = "timed with torch's settings put back after each call"
+
+
+def restoring(call: Callable[[], Any]) -> Callable[[], Any]:
+    """``call`` that puts torch's global settings back after itself."""
+
+    def call_and_restore() -> Any:
+        state = torch_state.snapshot()
+        try:
+            return call()
+        finally:
+            torch_state.restore(state)
+
+    return call_and_restore
 
 
 def time_column(

@@ -15,9 +15,12 @@ beyond it fail inside the child as an ordinary out-of-memory error, recorded wit
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
+import os
 import resource
 import signal
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
@@ -25,7 +28,7 @@ from typing import Any
 
 import torch
 
-from harness import execute, perf, trail
+from harness import execute, perf, torch_state, trail
 from harness.records import Cell, CellRecord, CrashKind, Outcome
 from harness.timing import TimingConfig
 
@@ -38,17 +41,61 @@ class Limits:
     memory_bytes: int | None = None
 
 
-def warm_parent(cell: Cell) -> None:
-    """Compute (and cache) what every cell of this case and dtype shares, single-threaded,
-    before forking: children inherit it instead of each recomputing it. The dtype tracer's
-    first-use imports are done here too."""
+#: The worker's torch settings when it started, before any case module was imported; put
+#: back before each cell or column is forked (see ``settle_worker``).
+_WORKER_STATE: torch_state.State | None = None
+
+
+def remember_worker_state() -> None:
+    """Called once as the worker starts. It computes single-threaded (see ``warm_parent``)."""
+    global _WORKER_STATE
+    _WORKER_STATE = {**torch_state.snapshot(), "threads": 1}
+
+
+def settle_worker() -> str | None:
+    """Put the worker's torch settings back as they were at its start (a case module's
+    import, say, changed them); returns a note naming what had changed, or None."""
+    if _WORKER_STATE is None:
+        return None
+    changed = torch_state.restore(_WORKER_STATE)
+    changed = [c for c in changed if not c.startswith("threads ")]
+    if not changed:
+        return None
+    return "the worker's " + torch_state.describe(changed) + " before this cell: put back"
+
+
+#: (case, dtype) -> why the process computing its reference and baseline gave no result,
+#: or None once they are known (or raised, which each cell then records with its frames).
+_SHARED: dict[tuple[str, str], str | None] = {}
+
+
+def warm_parent(cell: Cell, limits: Limits) -> str | None:
+    """Compute (and keep) what every cell of this case and dtype shares, in a forked child,
+    single-threaded, before forking the cells: they inherit it instead of each recomputing
+    it, and a reference fix that kills its process or changes torch's global settings
+    cannot reach the worker. Returns why that child gave no result, if it did not. The
+    dtype tracer's first-use imports are done here too."""
     torch.set_num_threads(1)
     trail.warm_up()
-    try:
-        execute.reference_leaves(cell.case)
-        execute.baseline(cell.case, cell.dtype)
-    except Exception:
-        pass
+    key = (cell.case, cell.dtype)
+    if key not in _SHARED:
+        _SHARED[key] = compute_shared(cell, limits)
+    return _SHARED[key]
+
+
+def compute_shared(cell: Cell, limits: Limits) -> str | None:
+    forked = run_forked(
+        lambda: execute.shared_figures(cell.case, cell.dtype),
+        limits.timeout_s,
+        1,
+        limits.memory_bytes,
+        whose="the process computing the case's reference and baseline",
+    )
+    if forked.failure is not None:
+        return forked.failure
+    if forked.value is not None:
+        execute.remember_shared(cell.case, cell.dtype, forked.value)
+    return None
 
 
 @dataclass(frozen=True)
@@ -62,11 +109,16 @@ class Forked:
 
 
 def _child(
-    conn: Connection, work: Callable[[], Any], memory_bytes: int | None, threads: int
+    conn: Connection,
+    work: Callable[[], Any],
+    memory_bytes: int | None,
+    threads: int,
+    parent: int,
 ) -> None:
     """In the child: set limits, do the work, send its value back, or what stopped it (any
     exception the work let out, ``KeyboardInterrupt`` and ``SystemExit`` included)."""
     try:
+        die_with_parent(parent)
         if memory_bytes:
             resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))
         torch.set_num_threads(threads)
@@ -75,6 +127,20 @@ def _child(
         result = (False, describe_error(error))
     conn.send(result)
     conn.close()
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int) -> None:
+    """On Linux, the child is killed when the process that forked it dies, so a child whose
+    worker died (its fix killed it, say) neither lingers nor holds the worker's pipes open."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # it died before the request took effect
+        os._exit(1)
 
 
 def describe_error(error: BaseException) -> str:
@@ -110,7 +176,7 @@ def run_forked(
     context = multiprocessing.get_context("fork")
     receive, send = context.Pipe(duplex=False)
     # Not a daemon: inductor's compile workers are children of the child (torch 2.1-2.3).
-    child = context.Process(target=_child, args=(send, work, memory_bytes, threads))
+    child = context.Process(target=_child, args=(send, work, memory_bytes, threads, os.getpid()))
     child.start()
     send.close()
     try:
@@ -140,7 +206,13 @@ def run_cell_isolated(
     cell: Cell, worker: str, limits: Limits, threads: int, trace: bool = True
 ) -> CellRecord:
     """Run one cell in a child process, within its limits; always returns a record."""
-    warm_parent(cell)
+    settled = settle_worker()
+    shared_failure = warm_parent(cell, limits)
+    if shared_failure is not None:
+        return execute.limit_record(
+            cell, Outcome.CRASHED, "ReferenceFailed", shared_failure, worker,
+            CrashKind.REFERENCE_FAILED,
+        )  # fmt: skip
     forked = run_forked(
         lambda: execute.run_cell(cell, worker, trace).to_dict(),
         limits.timeout_s,
@@ -148,7 +220,8 @@ def run_cell_isolated(
         limits.memory_bytes,
     )
     if forked.failure is None:
-        return CellRecord.from_dict(forked.value)
+        record = CellRecord.from_dict(forked.value)
+        return replace(record, note=execute.join_notes(settled, record.note))
     if forked.timed_out:
         return execute.limit_record(cell, Outcome.TIMEOUT, "Timeout", forked.failure, worker)
     return execute.limit_record(
@@ -161,6 +234,7 @@ def time_column_isolated(
 ) -> list[CellRecord]:
     """Time a column in a child process. If the child dies or overruns, each cell is timed
     again alone, so a fix that kills its process costs only its own figures."""
+    settle_worker()
     perf.warm_up()
     forked = run_forked(
         lambda: [r.to_dict() for r in execute.time_column(records, config, worker)],

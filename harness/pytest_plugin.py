@@ -21,7 +21,12 @@ import torch
 
 from harness import execute, registry, storage
 from harness.config import RunConfig
-from harness.isolation import Limits, run_cell_isolated, time_column_isolated
+from harness.isolation import (
+    Limits,
+    remember_worker_state,
+    run_cell_isolated,
+    time_column_isolated,
+)
 from harness.records import Cell, CellRecord, CrashKind, Outcome, outcome_label
 from harness.summary import failure_line
 from harness.timing import TimingConfig
@@ -44,6 +49,7 @@ def pytest_configure(config: pytest.Config) -> None:
     threads = os.environ.get("AMPMATRIX_THREADS")
     if threads:
         torch.set_num_threads(int(threads))
+    remember_worker_state()
 
 
 class PlanFile(pytest.File):

@@ -83,7 +83,7 @@ DISABLED_PLUGINS = ("cacheprovider", "terminal")
 NO_AUTOLOAD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
 
 
-def pytest_args(plan_path: Path, workers: int, grouped: bool = False) -> list[str]:
+def pytest_args(plan_path: Path, workers: int, grouped: bool = False, items: int = 0) -> list[str]:
     """The cell run's own pytest session. Plugins installed in the environment are not
     loaded (``run_pytest`` turns autoload off): measured on a GPU box with pytest-timeout,
     -benchmark, -cov and -mock installed, a worker crash in the timing phase was retried
@@ -93,7 +93,8 @@ def pytest_args(plan_path: Path, workers: int, grouped: bool = False) -> list[st
     for plugin in DISABLED_PLUGINS:
         args += ["-p", f"no:{plugin}"]
     if workers > 0:  # even one worker runs in its own process, so a crash costs one cell
-        args += ["-p", "xdist.plugin", "-n", str(workers)]
+        # a worker that dies costs its item only: replace every one, up to one per item
+        args += ["-p", "xdist.plugin", "-n", str(workers), "--max-worker-restart", str(items)]
         if grouped:
             args += ["--dist", "loadgroup"]
     return args
@@ -124,7 +125,7 @@ def execute_cells(run_dir: Path, plan: Plan, workers: int, config: RunConfig) ->
     plan_path = write_plan(run_dir, storage.PLAN_FILE, cells=cells)
     controller = Controller(run_dir, cell_crashes(plan.to_run))
     grouped = any(c.device.startswith("cuda") for c in plan.to_run)
-    args = pytest_args(plan_path, workers, grouped)
+    args = pytest_args(plan_path, workers, grouped, items=len(cells))
     return run_pytest(args, controller, threads_per_worker(workers))
 
 
@@ -172,7 +173,8 @@ def time_cells(run_dir: Path, config: RunConfig) -> int:
     devices = {r.cell.device for r in records}
     controller = Controller(run_dir, timing_crashes(columns))
     threads = (os.cpu_count() or 1) if devices == {"cpu"} else threads_per_worker(len(devices))
-    return run_pytest(pytest_args(plan_path, len(devices), grouped=True), controller, threads)
+    args = pytest_args(plan_path, len(devices), grouped=True, items=len(columns))
+    return run_pytest(args, controller, threads)
 
 
 def finish_run(run_dir: Path, exit_code: int, workers: int, config: RunConfig) -> None:
@@ -196,6 +198,19 @@ def measured_peaks(records: Sequence[CellRecord]) -> dict[str, dict[str, float]]
         if record.perf and record.perf.peak_gflops:
             peaks.setdefault(record.cell.device, {})[record.cell.dtype] = record.perf.peak_gflops
     return peaks
+
+
+def missing_cells(run_dir: Path) -> list[Cell]:
+    """The cells of the run's plan (to run or skipped) that have no record."""
+    saved = storage.read_run_plan(run_dir)
+    try:
+        planned = [Cell.from_dict(c) for c in saved["cells"]]
+        planned += [Cell.from_dict(c) for c, _ in saved["skipped"]]
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        path = run_dir / storage.RUN_PLAN_FILE
+        raise storage.ResultsError(f"{path}: malformed run plan ({error!r})") from error
+    recorded = {record.cell for record in storage.read_records(run_dir, problems=[])}
+    return [cell for cell in planned if cell not in recorded]
 
 
 def check_same_torch(run_dir: Path) -> None:

@@ -54,16 +54,14 @@ def clean_registry() -> Iterator[None]:
     saved = dict(registry._REGISTRY)
     saved_modules = set(sys.modules)
     registry.clear()
-    execute.reference_leaves.cache_clear()
-    execute.baseline.cache_clear()
+    execute.forget_shared()
     yield
     registry.clear()
     registry._REGISTRY.update(saved)
     for name in set(sys.modules) - saved_modules:
         if name.startswith(("cases.", "ampmatrix_external_")):
             del sys.modules[name]
-    execute.reference_leaves.cache_clear()
-    execute.baseline.cache_clear()
+    execute.forget_shared()
 
 
 @pytest.fixture

@@ -1,0 +1,110 @@
+"""Hostile and careless code and input: a fix or reference fix that reaches beyond its cell,
+a worker killed under its cell, a full disk. Each must end in a recorded outcome or one clear
+line, and nothing recorded before may be lost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import cli, storage, torch_state
+from harness.records import CellRecord, CrashKind, Outcome
+from tests.conftest import FIXTURES, TOY_CASES, harness, only_run_dir
+
+HOSTILE_CASES = FIXTURES / "hostile_cases"
+
+
+def verdicts(records: list[CellRecord], case: str) -> dict[str, tuple[object, ...]]:
+    """What another case's fix must not change: its outcome, dtypes and figures."""
+    return {
+        r.cell.id: (r.outcome, r.reproduces, r.error_type, r.out_dtype, r.numerics, r.note)
+        for r in records
+        if r.cell.case == case
+    }
+
+
+def run_toy(out: Path, cases: str, *extra: str) -> list[CellRecord]:
+    result = harness(
+        "run", "--cases-dir", str(HOSTILE_CASES), "--cases-dir", str(TOY_CASES), "--case",
+        cases, "--device", "cpu", "--out", str(out), *extra,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    return storage.read_records(only_run_dir(out))
+
+
+@pytest.mark.parametrize("workers", ["2", "0"])
+def test_a_reference_fix_that_ends_its_process_costs_only_its_own_case(
+    tmp_path: Path, workers: str
+) -> None:
+    records = run_toy(
+        tmp_path / "run", "toy-reference-exits,toy-mixed-matmul", "--no-timing", "-n", workers
+    )
+    planned = storage.read_run_plan(only_run_dir(tmp_path / "run"))["cells"]
+    assert len(records) == len(planned)  # every planned cell has its record
+    exits = [r for r in records if r.cell.case == "toy-reference-exits"]
+    assert exits and all(r.crash_kind is CrashKind.REFERENCE_FAILED for r in exits)
+    assert all("exited with code 0 without a result" in str(r.error_message) for r in exits)
+    clean = run_toy(tmp_path / "clean", "toy-mixed-matmul", "--no-timing", "-n", workers)
+    assert verdicts(records, "toy-mixed-matmul") == verdicts(clean, "toy-mixed-matmul")
+
+
+def test_global_settings_a_fix_changes_reach_no_other_cell_in_either_phase(
+    tmp_path: Path,
+) -> None:
+    timing = ("--time-budget", "0.02", "-n", "1")  # one worker: every cell in one process
+    records = run_toy(tmp_path / "run", "toy-global-state,toy-mixed-matmul", *timing)
+    clean = run_toy(tmp_path / "clean", "toy-mixed-matmul", *timing)
+    assert verdicts(records, "toy-mixed-matmul") == verdicts(clean, "toy-mixed-matmul")
+    leaky = {r.cell.fix: r for r in records if r.cell.case == "toy-global-state"}
+    assert "default dtype torch.float32 -> torch.float64" in str(leaky["leaky"].note)
+    assert "autocast(cpu) False -> True" in str(leaky["leaky"].note)
+    assert "threads" in str(leaky["one-thread"].note)
+    assert "put back after each call" in str(leaky["one-thread"].note)
+    timed_threads = {r.perf.threads for r in records if r.perf}
+    assert timed_threads == {r.perf.threads for r in clean if r.perf}  # one value, unchanged
+    assert leaky["none"].outcome is Outcome.PASSES and leaky["none"].out_dtype == "bfloat16"
+
+
+def test_worker_deaths_lose_no_cell(tmp_path: Path) -> None:
+    records = run_toy(tmp_path, "toy-kills-worker", "--no-timing", "-n", "1")
+    killers = [r for r in records if r.cell.fix == "kill-worker"]
+    assert len(killers) == 6  # more than pytest-xdist's default restarts for one worker
+    assert all(r.crash_kind is CrashKind.WORKER_DIED for r in killers)
+    assert len(records) == 12
+
+
+def test_a_run_with_planned_cells_unrecorded_names_them_and_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    records = run_toy(tmp_path, "toy-mixed-matmul", "--no-timing", "--fix", "none")
+    run_dir = only_run_dir(tmp_path)
+    lines = (run_dir / storage.CELLS_FILE).read_text().splitlines(keepends=True)
+    (run_dir / storage.CELLS_FILE).write_text("".join(lines[1:]))
+    lost = CellRecord.from_dict(__import__("json").loads(lines[0])).cell
+    assert cli.show_run(run_dir, None) == cli.INCOMPLETE
+    err = capsys.readouterr().err
+    assert f"1 planned cells have no record:\n  {lost.id}" in err
+    assert f"--resume {run_dir}" in err
+    assert len(records) == len(lines)
+
+    finished = harness("run", "--resume", str(run_dir))
+    assert finished.returncode == 0, finished.stderr
+    assert lost in {r.cell for r in storage.read_records(run_dir)}
+
+
+def test_torch_settings_are_named_and_put_back() -> None:
+    before = torch_state.snapshot()
+    found: list[str] = []
+    with torch_state.kept(found):
+        torch.set_default_dtype(torch.float64)
+        torch.backends.mkldnn.enabled = False
+    assert torch.get_default_dtype() == torch.float32 and torch.backends.mkldnn.enabled
+    assert found == [
+        "default dtype torch.float32 -> torch.float64",
+        "backends.mkldnn.enabled True -> False",
+    ]
+    assert torch_state.snapshot() == before
+    assert torch_state.restore(before) == []
