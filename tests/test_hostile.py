@@ -4,6 +4,7 @@ line, and nothing recorded before may be lost."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -83,7 +84,7 @@ def test_a_run_with_planned_cells_unrecorded_names_them_and_fails(
     run_dir = only_run_dir(tmp_path)
     lines = (run_dir / storage.CELLS_FILE).read_text().splitlines(keepends=True)
     (run_dir / storage.CELLS_FILE).write_text("".join(lines[1:]))
-    lost = CellRecord.from_dict(__import__("json").loads(lines[0])).cell
+    lost = CellRecord.from_dict(json.loads(lines[0])).cell
     assert cli.show_run(run_dir, None) == cli.INCOMPLETE
     err = capsys.readouterr().err
     assert f"1 planned cells have no record:\n  {lost.id}" in err
@@ -100,7 +101,7 @@ def test_torch_settings_are_named_and_put_back() -> None:
     found: list[str] = []
     with torch_state.kept(found):
         torch.set_default_dtype(torch.float64)
-        torch.backends.mkldnn.enabled = False
+        torch._C._set_mkldnn_enabled(False)  # torch.backends.mkldnn.enabled = False
     assert torch.get_default_dtype() == torch.float32 and torch.backends.mkldnn.enabled
     assert found == [
         "default dtype torch.float32 -> torch.float64",
