@@ -368,7 +368,9 @@ def command_report(args: argparse.Namespace) -> int:
 
 def check_output(out: Path, run_dirs: Sequence[Path], flag: str) -> None:
     """A report goes to a file of its own: never into a run folder (its results, its run
-    plan), never over a folder or over the reports' index."""
+    plan), never over a folder, the reports' index or a file that is not a report."""
+    from harness.report.render import made_by_ampmatrix
+
     if out.is_dir():
         raise storage.ResultsError(f"{flag} {out}: a folder; name the file to write")
     target = out.resolve()
@@ -377,6 +379,10 @@ def check_output(out: Path, run_dirs: Sequence[Path], flag: str) -> None:
             raise storage.ResultsError(f"{flag} {out}: refusing to write into the run {run_dir}")
     if flag == "--out" and out.name == "index.html":
         raise storage.ResultsError(f"{flag} {out}: index.html is the folder's list of reports")
+    if flag == "--out" and out.exists() and not made_by_ampmatrix(out):
+        raise storage.ResultsError(
+            f"{flag} {out}: exists and is not an ampmatrix report; refusing to overwrite it"
+        )
 
 
 def warn(problems: Sequence[str]) -> None:

@@ -32,6 +32,8 @@ from harness.summary import failure_line
 from harness.timing import TimingConfig
 
 OUTCOME_KEY = "ampmatrix_outcome"
+#: How a failed item's message names a record that could not be written.
+NOT_WRITTEN = storage.RecordNotWritten.__name__
 
 
 def load_plan(path: Path) -> dict[str, Any]:
@@ -113,7 +115,7 @@ class CellItem(pytest.Item):
             record = run_cell_isolated(self.cell, worker, self.limits, threads, self.trace)
         except Exception as error:  # the harness failed around the cell: record why
             record = execute.harness_failure(self.cell, error, worker)
-        storage.append_record(self.run_dir, record)
+        append_or_stop(self, record)
         self.user_properties.append((OUTCOME_KEY, progress_label(record)))
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
@@ -148,12 +150,30 @@ class TimingItem(pytest.Item):
             failure = f"{type(error).__name__}: {error}"[: execute.MAX_MESSAGE]
             timed = [replace(r, timing_error=failure) for r in self.records]
         for record in timed:
-            storage.append_record(self.run_dir, record)
+            append_or_stop(self, record)
         labels = [f"\n    {r.cell.fix} [{r.cell.backend}]: {timing_label(r)}" for r in timed]
         self.user_properties.append((OUTCOME_KEY, "timed" + "".join(labels)))
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, None, self.name
+
+
+def append_or_stop(item: CellItem | TimingItem, record: CellRecord) -> None:
+    """Append the record; when it cannot be written (a full disk), the session stops after
+    this item, which fails with the reason (the controller records nothing for it)."""
+    try:
+        storage.append_record(item.run_dir, record)
+    except storage.RecordNotWritten as error:
+        stop_session(item.session, str(error))
+        raise
+
+
+def stop_session(session: pytest.Session, why: str) -> None:
+    """No further item starts: in this process, and (through pytest-xdist) in the others."""
+    session.shouldstop = why
+    dsession = session.config.pluginmanager.getplugin("dsession")
+    if dsession is not None and not dsession.shouldstop:
+        dsession.shouldstop = why
 
 
 def timing_label(record: CellRecord) -> str:
@@ -193,6 +213,13 @@ class Controller:
         self.run_dir = run_dir
         self.on_crash = on_crash
         self.finished: set[str] = set()
+        #: Why a record could not be written, when one could not (the run then stops).
+        self.not_written: str | None = None
+        self.session: pytest.Session | None = None
+
+    @pytest.hookimpl
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        self.session = session
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -205,11 +232,26 @@ class Controller:
         name = item_name(report)
         if name not in self.on_crash or name in self.finished:
             return
+        message = crash_message(report)
+        if NOT_WRITTEN in message:
+            self._stop(report, message.split(NOT_WRITTEN, 1)[1].lstrip(": "))
+            return
         gateway = getattr(getattr(report, "node", None), "gateway", None)
         worker = str(getattr(gateway, "id", "main"))
-        for record in self.on_crash[name](crash_message(report), worker):
-            storage.append_record(self.run_dir, record)
+        try:
+            for record in self.on_crash[name](message, worker):
+                storage.append_record(self.run_dir, record)
+        except storage.RecordNotWritten as error:
+            self._stop(report, str(error))
+            return
         self._progress(report, "crashed")
+
+    def _stop(self, report: pytest.TestReport, why: str) -> None:
+        """A record could not be written: say so, and start no further item."""
+        self.not_written = self.not_written or why
+        self._progress(report, f"not recorded: {why}")
+        if self.session is not None:
+            stop_session(self.session, why)
 
     def _progress(self, report: pytest.TestReport, label: str) -> None:
         name = item_name(report)

@@ -62,7 +62,7 @@ def write_plan(run_dir: Path, name: str, **items: Any) -> Path:
     in ``run-plan.json``."""
     path = run_dir / name
     data = {"run_dir": str(run_dir.resolve()), **items}
-    path.write_text(json.dumps(data, indent=1) + "\n")
+    storage.write_atomic(path, json.dumps(data, indent=1) + "\n")
     return path
 
 
@@ -105,16 +105,25 @@ def threads_per_worker(workers: int) -> int:
 
 
 def run_pytest(args: list[str], controller: Controller, threads: int) -> int:
+    """pytest's exit code; a record that could not be written stops the run here, with
+    the reason and how to finish it."""
     os.environ["AMPMATRIX_THREADS"] = str(threads)
     autoload = os.environ.get(NO_AUTOLOAD)
     os.environ[NO_AUTOLOAD] = "1"  # inherited by the xdist workers
     try:
-        return int(pytest.main(args, plugins=[controller]))
+        code = int(pytest.main(args, plugins=[controller]))
     finally:
         if autoload is None:
             del os.environ[NO_AUTOLOAD]
         else:
             os.environ[NO_AUTOLOAD] = autoload
+    if controller.not_written:
+        raise storage.ResultsError(
+            f"{controller.not_written}; the run stopped there. Every record before it is "
+            f"intact: make room, then finish it with "
+            f"python -m harness run --resume {controller.run_dir}"
+        )
+    return code
 
 
 def execute_cells(run_dir: Path, plan: Plan, workers: int, config: RunConfig) -> int:

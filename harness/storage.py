@@ -7,11 +7,13 @@ keeps every cell that finished.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
+import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -50,10 +52,30 @@ def create_run_dir(results_root: Path, run_id: str) -> Path:
             candidate = results_root / f"{run_id}-{n}"
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """Write a file whole or not at all: into a temporary file of a fresh name beside it
+    (so no existing file is touched), fsynced, then renamed over ``path``. A failure (a
+    full disk) leaves ``path`` as it was and no temporary file behind."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o644)
+            f.write(text.encode())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as error:
+        with suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if isinstance(error, OSError):
+            raise ResultsError(
+                f"{path}: could not be written ({error.strerror or error})"
+            ) from None
+        raise
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def write_env(run_dir: Path, env: dict[str, Any]) -> None:
@@ -71,15 +93,39 @@ def read_cases(run_dir: Path) -> dict[str, dict[str, Any]]:
         raise ResultsError(f"{path}: {error}") from error
 
 
+class RecordNotWritten(ResultsError):
+    """A record could not be written whole (the disk is full, say); none of it was kept."""
+
+
 def append_record(run_dir: Path, record: CellRecord) -> None:
+    """Append one record as one line: whole, or (when the disk is full) not at all."""
+    path = run_dir / CELLS_FILE
     line = (json.dumps(record.to_dict(), sort_keys=True) + "\n").encode()
-    fd = os.open(run_dir / CELLS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, line)
-        os.fsync(fd)
+        start = os.fstat(fd).st_size
+        try:
+            write_all(fd, line)
+            os.fsync(fd)
+        except OSError as error:
+            os.ftruncate(fd, start)  # no part of the record stays: the file ends on a line
+            raise RecordNotWritten(
+                f"{path}: the record of {record.cell.id} could not be written "
+                f"({error.strerror or error})"
+            ) from error
     finally:
         os.close(fd)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until every byte is written; a write that makes no progress is an error."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[written:]
 
 
 #: Held by the process running or resuming a run, for as long as it does.

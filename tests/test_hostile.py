@@ -4,7 +4,12 @@ line, and nothing recorded before may be lost."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +17,8 @@ import torch
 
 from harness import cli, storage, torch_state
 from harness.records import CellRecord, CrashKind, Outcome
-from tests.conftest import FIXTURES, TOY_CASES, harness, only_run_dir
+from harness.run import missing_cells
+from tests.conftest import FIXTURES, ROOT, TOY_CASES, harness, only_run_dir
 
 HOSTILE_CASES = FIXTURES / "hostile_cases"
 
@@ -109,3 +115,79 @@ def test_torch_settings_are_named_and_put_back() -> None:
     ]
     assert torch_state.snapshot() == before
     assert torch_state.restore(before) == []
+
+
+def test_a_full_disk_keeps_every_whole_record_stops_and_resumes(tmp_path: Path) -> None:
+    """``RLIMIT_FSIZE`` makes writes past 30 kB fail as a full disk does: a short write, then
+    an error. The run stops with one line; what it wrote is whole; ``--resume`` finishes."""
+
+    def small_disk() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (30_000, 30_000))
+
+    selection = ("--case", "sana-softmax-float", "--device", "cpu", "--no-timing", "-n", "2")
+    full = subprocess.run(
+        [sys.executable, "-m", "harness", "run", *selection, "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, preexec_fn=small_disk, timeout=300,
+    )  # fmt: skip
+    assert full.returncode == 2 and "Traceback" not in full.stderr
+    assert "could not be written (File too large); the run stopped there" in full.stderr
+    run_dir = only_run_dir(tmp_path)
+    data = (run_dir / storage.CELLS_FILE).read_bytes()
+    assert data.endswith(b"\n") and len(data) <= 30_000
+    written = storage.read_records(run_dir)  # every line whole
+    planned = storage.read_run_plan(run_dir)
+    assert 0 < len(written) < len(planned["cells"]) + len(planned["skipped"])
+
+    finished = harness("run", "--resume", str(run_dir))
+    assert finished.returncode == 0, finished.stderr
+    assert {r.cell for r in written} < {r.cell for r in storage.read_records(run_dir)}
+    assert missing_cells(run_dir) == []
+
+
+def test_a_short_write_leaves_no_part_of_the_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = storage_record()
+    storage.append_record(tmp_path, record)
+    before = (tmp_path / storage.CELLS_FILE).read_bytes()
+    real_write = os.write
+    calls: list[int] = []
+
+    def short_then_full(fd: int, data: bytes | memoryview) -> int:
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, bytes(data[:10]))  # a short write, as a filling disk does
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", short_then_full)
+    with pytest.raises(storage.RecordNotWritten, match="No space left on device"):
+        storage.append_record(tmp_path, record)
+    monkeypatch.undo()
+    assert (tmp_path / storage.CELLS_FILE).read_bytes() == before
+    assert len(calls) == 2
+
+
+def storage_record() -> CellRecord:
+    from harness.records import Cell
+
+    cell = Cell("c", "none", "cpu", "float16", "half", "eager")
+    return CellRecord(cell=cell, torch_version="2.13.0", outcome=Outcome.PASSES)
+
+
+def test_files_are_written_whole_and_no_foreign_file_is_overwritten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "data.json"
+    storage.write_json_atomic(target, {"a": 1})
+    (tmp_path / "data.json.tmp").write_text("mine")  # a file the harness did not make
+
+    def disk_full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(storage.ResultsError, match=r"could not be written \(No space left"):
+        storage.write_json_atomic(target, {"a": 2})
+    monkeypatch.undo()
+    assert json.loads(target.read_text()) == {"a": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.json", "data.json.tmp"]
+    assert (tmp_path / "data.json.tmp").read_text() == "mine"

@@ -216,6 +216,16 @@ def test_empty_run_is_reported_not_fatal(tmp_path: Path) -> None:
     assert "No cell ran" in render_report([loaded])
 
 
+def test_a_report_is_written_again_but_a_foreign_index_is_left_alone(tmp_path: Path) -> None:
+    html = render_report(aggregate.load_runs([NEW]))
+    (tmp_path / "index.html").write_text("mine")
+    write_report(html, tmp_path / "a.html")
+    again = harness("report", str(NEW), "--out", str(tmp_path / "a.html"))
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "index.html").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.html", "index.html"]
+
+
 def test_index_lists_reports_newest_first(tmp_path: Path) -> None:
     html = render_report(aggregate.load_runs([NEW]))
     first = write_report(html, tmp_path / "a.html")
@@ -233,6 +243,7 @@ def test_index_lists_reports_newest_first(tmp_path: Path) -> None:
         ("base/cells.jsonl", "refusing to write into the run"),
         ("reports/index.html", "index.html is the folder's list of reports"),
         ("reports", "a folder; name the file to write"),
+        ("reports/notes.html", "not an ampmatrix report; refusing to overwrite it"),
     ],
 )
 def test_report_cli_refuses_to_overwrite_what_it_did_not_write(
@@ -242,6 +253,7 @@ def test_report_cli_refuses_to_overwrite_what_it_did_not_write(
     shutil.copytree(OLD, tmp_path / "base")
     (tmp_path / "reports").mkdir()
     (tmp_path / "reports" / "index.html").write_text("mine")
+    (tmp_path / "reports" / "notes.html").write_text("<html>someone's notes</html>")
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     result = harness(
         "report", str(tmp_path / "run"), "--baseline", str(tmp_path / "base"),

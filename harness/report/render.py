@@ -308,9 +308,7 @@ def render_report(runs: Sequence[Run], comparison: Comparison | None = None) -> 
 def write_report(html: str, out: Path) -> Path:
     """Write the report (never over an input file) and refresh the folder's index."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".html.tmp")
-    tmp.write_text(html)
-    tmp.replace(out)
+    storage.write_atomic(out, html)
     write_index(out.parent)
     return out
 
@@ -338,12 +336,31 @@ def write_index(folder: Path) -> Path:
         )
     )
     index = folder / "index.html"
-    index.write_text(html)
+    if index.exists() and not made_by_ampmatrix(index):
+        return index  # someone else's index.html: left as it is
+    storage.write_atomic(index, html)
     return index
 
 
+#: In the head of every HTML file the harness writes: what it may write over again.
+GENERATOR = '<meta name="generator" content="ampmatrix">'
+#: How the head of reports and indexes written before ``GENERATOR`` begins.
+OLDER_HEADS = ("<title>ampmatrix report</title>", "<title>ampmatrix reports</title>")
+
+
+def made_by_ampmatrix(path: Path) -> bool:
+    """An HTML file this harness wrote (its head says so in its first kilobytes)."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(4096).decode(errors="replace")
+    except OSError:
+        return False
+    return any(mark in head for mark in (GENERATOR, *OLDER_HEADS))
+
+
 INDEX_TEMPLATE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>ampmatrix reports</title>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="generator" content="ampmatrix"><title>ampmatrix reports</title>
 <style>body{font:14px system-ui,sans-serif;margin:2em}li{margin:.3em 0}</style></head>
 <body><h1>ampmatrix reports</h1><p>Newest first.</p><ul>
 {% for name, when in reports %}<li><a href="{{ name }}">{{ name }}</a> ({{ when }})</li>
