@@ -7,6 +7,7 @@ every worker) read it back from there, so each part of a run sees the same setti
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 from harness.isolation import Limits
 from harness.matrix import Selection
 from harness.timing import TimingConfig
+from harness.typed import as_mapping, as_tuple, check_fields, mismatch
 
 
 @dataclass(frozen=True)
@@ -43,21 +45,58 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
-        selection = {k: tuple(v) for k, v in (data.get("selection") or {}).items()}
+        """The configuration as stored; a value of the wrong type or out of range is a
+        ``TypeError`` / ``ValueError`` naming its field."""
+        data = as_mapping(data, "config")
+        selection = {
+            k: as_tuple(v, f"selection.{k}")
+            for k, v in as_mapping(data.get("selection") or {}, "selection").items()
+        }
         timing = data.get("timing")
-        return cls(
+        config = cls(
             selection=Selection(**selection),
-            cases_dirs=tuple(Path(d) for d in data.get("cases_dirs", ())),
-            results_root=Path(data.get("results_root", "results")),
-            workers=str(data.get("workers", "auto")),
-            command=tuple(data.get("command", ())),
-            timing=TimingConfig(**timing) if timing is not None else None,
-            limits=Limits(**data.get("limits", {})),
-            trace=bool(data.get("trace", True)),
+            cases_dirs=tuple(Path(d) for d in strings(data.get("cases_dirs"), "cases_dirs")),
+            results_root=Path(data.get("results_root") or "results"),
+            workers=data.get("workers", "auto"),
+            command=strings(data.get("command"), "command"),
+            timing=TimingConfig(**as_mapping(timing, "timing")) if timing is not None else None,
+            limits=Limits(**as_mapping(data.get("limits") or {}, "limits")),
+            trace=data.get("trace", True),
         )
+        for part in (config.selection, config.limits, config.timing):
+            if part is not None:
+                check_fields(part, f"{type(part).__name__}.")
+        for name, value in (
+            ("results_root", data.get("results_root")),
+            ("workers", config.workers),
+        ):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(mismatch(name, str, value))
+        if not isinstance(config.trace, bool):
+            raise TypeError(mismatch("trace", bool, config.trace))
+        check_limits(config.limits)
+        return config
 
     @classmethod
     def of_run_plan(cls, saved: dict[str, Any]) -> RunConfig:
         """The configuration stored in a ``run-plan.json`` (runs of older versions kept its
         parts at the top level)."""
         return cls.from_dict(saved.get("config", saved))
+
+
+def strings(value: Any, name: str) -> tuple[str, ...]:
+    values = as_tuple(value, name)
+    for i, v in enumerate(values):
+        if not isinstance(v, str):
+            raise TypeError(mismatch(f"{name}[{i}]", str, v))
+    return values
+
+
+def check_limits(limits: Limits) -> None:
+    """A time limit is a positive, finite number of seconds; a memory limit positive."""
+    if not (0 < limits.timeout_s < math.inf):
+        raise ValueError(f"limits.timeout_s: expected a positive number, got {limits.timeout_s}")
+    if limits.memory_bytes is not None and limits.memory_bytes <= 0:
+        raise ValueError(
+            f"limits.memory_bytes: expected a positive number, got {limits.memory_bytes}"
+        )

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any
 
 from harness.trail_records import Trail
+from harness.typed import as_mapping, as_tuple, check_fields, mismatch
 
 #: Bumped whenever a record's fields change meaning; readers refuse newer versions.
 SCHEMA_VERSION = 2
@@ -72,10 +73,13 @@ class Cell:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Cell:
         """A cell from its fields (records written before the compile axis are eager)."""
+        data = as_mapping(data, "cell")
         values = {}
         for f in dataclasses.fields(cls):
             if f.name in data:
-                values[f.name] = str(data[f.name])
+                values[f.name] = data[f.name]
+                if not isinstance(values[f.name], str) or not values[f.name]:
+                    raise TypeError(mismatch(f.name, "a name", values[f.name]))
             elif f.default is dataclasses.MISSING:
                 raise KeyError(f.name)
         return cls(**values)
@@ -231,8 +235,9 @@ class CellRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CellRecord:
+        data = as_mapping(data, "record")
         version = data.get("schema_version")
-        if not isinstance(version, int) or version > SCHEMA_VERSION:
+        if not isinstance(version, int) or isinstance(version, bool) or version > SCHEMA_VERSION:
             raise ValueError(
                 f"schema_version {version!r} is not supported (this ampmatrix reads up to "
                 f"{SCHEMA_VERSION}); upgrade ampmatrix to read it"
@@ -260,20 +265,28 @@ class CellRecord:
             f.name: data.get(f.name) for f in dataclasses.fields(cls) if f.name not in typed
         }
         crash_kind = data.get("crash_kind")
-        return cls(
+        leaves = data.get("leaves")
+        record = cls(
             cell=Cell.from_dict(data),
             outcome=Outcome(data["outcome"]),
-            flags=tuple(Flag(**flag) for flag in data.get("flags") or ()),
-            error_frames=tuple(data.get("error_frames") or ()),
-            warnings=tuple(data.get("warnings") or ()),
-            leaves={k: Numerics(**v) for k, v in data["leaves"].items()}
-            if data.get("leaves")
+            flags=tuple(
+                Flag(**as_mapping(f, "flags")) for f in as_tuple(data.get("flags"), "flags")
+            ),
+            error_frames=as_tuple(data.get("error_frames"), "error_frames"),
+            warnings=as_tuple(data.get("warnings"), "warnings"),
+            leaves={
+                k: Numerics(**as_mapping(v, f"leaves[{k!r}]"))
+                for k, v in as_mapping(leaves, "leaves").items()
+            }
+            if leaves
             else None,
             crash_kind=CrashKind(crash_kind) if crash_kind else None,
             trail=Trail.from_dict(data),
             **nested,
             **plain,
         )
+        check_fields(record)
+        return record
 
 
 V1_TIMING_FAILED = "timing failed: "
@@ -287,6 +300,8 @@ V1_CRASH_KINDS = {
 def migrate_v1(data: dict[str, Any]) -> dict[str, Any]:
     """Schema 1 kept a timing failure in ``note`` and a crash's kind in ``error_type``."""
     data = dict(data)
+    if not isinstance(data.get("note") or "", str):
+        raise TypeError(mismatch("note", str | None, data["note"]))
     notes = [n for n in (data.get("note") or "").split("; ") if n]
     failed = [n for n in notes if n.startswith(V1_TIMING_FAILED)]
     if failed:

@@ -28,6 +28,7 @@ from harness.environment import capture_environment, now_iso
 from harness.matrix import Plan, SelectionError, check_selection, expand
 from harness.pytest_plugin import Controller, cell_crashes, timing_crashes
 from harness.records import Cell, CellRecord
+from harness.registry import CaseContractError
 
 
 def discover_cases(cases_dirs: Sequence[Path]) -> list[Case]:
@@ -211,15 +212,23 @@ def measured_peaks(records: Sequence[CellRecord]) -> dict[str, dict[str, float]]
 
 def missing_cells(run_dir: Path) -> list[Cell]:
     """The cells of the run's plan (to run or skipped) that have no record."""
+    _, planned, skipped = saved_plan(run_dir)
+    recorded = {record.cell for record in storage.read_records(run_dir, problems=[])}
+    return [cell for cell in [*planned, *(c for c, _ in skipped)] if cell not in recorded]
+
+
+def saved_plan(run_dir: Path) -> tuple[RunConfig, list[Cell], list[tuple[Cell, str]]]:
+    """The run's configuration and planned cells from ``run-plan.json``; a plan that cannot
+    be used raises ``ResultsError`` naming the file and what is wrong in it."""
     saved = storage.read_run_plan(run_dir)
     try:
+        config = RunConfig.of_run_plan(saved)
         planned = [Cell.from_dict(c) for c in saved["cells"]]
-        planned += [Cell.from_dict(c) for c, _ in saved["skipped"]]
+        skipped = [(Cell.from_dict(c), str(reason)) for c, reason in saved["skipped"]]
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         path = run_dir / storage.RUN_PLAN_FILE
-        raise storage.ResultsError(f"{path}: malformed run plan ({error!r})") from error
-    recorded = {record.cell for record in storage.read_records(run_dir, problems=[])}
-    return [cell for cell in planned if cell not in recorded]
+        raise storage.ResultsError(f"{path}: malformed run plan ({error})") from error
+    return config, planned, skipped
 
 
 def check_same_torch(run_dir: Path) -> None:
@@ -227,7 +236,8 @@ def check_same_torch(run_dir: Path) -> None:
     recorded = storage.read_env(run_dir).get("torch_version")
     if recorded and recorded != torch.__version__:
         raise storage.ResultsError(
-            f"{run_dir} was recorded under torch {recorded}; this environment has torch "
+            f"{run_dir / storage.ENV_FILE}: the run was recorded under torch {recorded}; "
+            f"this environment has torch "
             f"{torch.__version__}: resume it from {recorded}'s environment "
             f"(nox -s \"matrix(torch='{str(recorded).split('+')[0]}')\" -- --resume {run_dir})"
         )
@@ -279,34 +289,38 @@ def resume(run_dir: Path, workers: str = "auto") -> Path:
 
 
 def resume_locked(run_dir: Path, workers: str) -> Path:
-    saved = storage.read_run_plan(run_dir)
-    try:
-        config = RunConfig.of_run_plan(saved)
-        planned = [Cell.from_dict(c) for c in saved["cells"]]
-        skipped = [(Cell.from_dict(c), str(reason)) for c, reason in saved["skipped"]]
-    except (KeyError, TypeError, ValueError, AttributeError) as error:
-        path = run_dir / storage.RUN_PLAN_FILE
-        raise storage.ResultsError(f"{path}: malformed run plan ({error!r})") from error
-    check_same_torch(run_dir)
-    config = replace(config, results_root=run_dir.parent, workers=workers)
-    discover_cases(config.cases_dirs)
-    dropped = storage.drop_partial_last_line(run_dir)
-    done = {record.cell for record in storage.read_records(run_dir, problems=[])}
-    plan = Plan(
-        to_run=[c for c in planned if c not in done],
-        skipped=[(c, reason) for c, reason in skipped if c not in done],
-    )
+    config, plan, planned = saved_state(run_dir)
+    config = replace(config, workers=workers)
     if not plan.to_run and not plan.skipped and not (config.timing and cells_to_time(run_dir)):
         print(f"ampmatrix: {run_dir} is complete: nothing left to run or time", flush=True)
         return run_dir
+    dropped = storage.drop_partial_last_line(run_dir)
     env = storage.read_env(run_dir)
     env.setdefault("resumed", []).append(
         {"at": now_iso(), "dropped_partial_line": dropped, "cells_left": len(plan.to_run)}
     )
     storage.write_env(run_dir, env)
     print(
-        f"ampmatrix: resuming {run_dir}: {len(plan.to_run)} of {len(saved['cells'])} cells "
-        "left to run",
+        f"ampmatrix: resuming {run_dir}: {len(plan.to_run)} of {planned} cells left to run",
         flush=True,
     )
     return run_cells(run_dir, plan, config)
+
+
+def saved_state(run_dir: Path) -> tuple[RunConfig, Plan, int]:
+    """What ``--resume`` reads before it runs anything: the run's configuration, the cells
+    still without a record, and how many cells the run planned. Only reads; a run plan or
+    env.json that cannot be used raises ``ResultsError`` naming the file."""
+    config, planned, skipped = saved_plan(run_dir)
+    check_same_torch(run_dir)
+    config = replace(config, results_root=run_dir.parent)
+    try:
+        discover_cases(config.cases_dirs)
+    except CaseContractError as error:
+        raise storage.ResultsError(f"{run_dir / storage.RUN_PLAN_FILE}: {error}") from error
+    done = {record.cell for record in storage.read_records(run_dir, problems=[])}
+    plan = Plan(
+        to_run=[c for c in planned if c not in done],
+        skipped=[(c, reason) for c, reason in skipped if c not in done],
+    )
+    return config, plan, len(planned)

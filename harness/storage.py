@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.records import CellRecord
+from harness.typed import compiled, mismatch
 
 ENV_FILE = "env.json"
 CASES_FILE = "cases.json"
@@ -82,15 +83,55 @@ def write_env(run_dir: Path, env: dict[str, Any]) -> None:
     write_json_atomic(run_dir / ENV_FILE, env)
 
 
-def read_cases(run_dir: Path) -> dict[str, dict[str, Any]]:
-    """The case metadata stored with a run, by name (empty when the file is absent)."""
+#: The fields of a case in ``cases.json`` that a report shows, and their types.
+CASE_FIELDS: dict[str, Any] = {
+    "name": str,
+    "title": str | None,
+    "source_file": str | None,
+    "upstream": dict[str, str | list[str] | None] | None,
+    "failure": dict[str, str | None] | None,
+    "fixes": list[dict[str, str | None]],
+    "keep_fp32": list[str],
+    "manages_precision": bool,
+}
+
+
+def read_cases(run_dir: Path, problems: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """The case metadata stored with a run, by name (empty when the file is absent). A
+    case with a field of the wrong type is named as a problem and left out (or raises
+    ResultsError when no ``problems`` list is given)."""
     path = run_dir / CASES_FILE
     try:
-        return {case["name"]: case for case in json.loads(path.read_text())}
+        data = json.loads(path.read_text())
     except FileNotFoundError:
         return {}
-    except (json.JSONDecodeError, KeyError, TypeError) as error:
-        raise ResultsError(f"{path}: {error}") from error
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ResultsError(f"{path}: not valid JSON ({error})") from error
+    if not isinstance(data, list):
+        raise ResultsError(f"{path}: expected a list of cases")
+    cases = {}
+    for number, case in enumerate(data):
+        problem = case_problem(case, f"case {number}")
+        if problem is None:
+            cases[case["name"]] = case
+        elif problems is None:
+            raise ResultsError(f"{path}: {problem}")
+        else:
+            problems.append(f"{path}: {problem} (left out)")
+    return cases
+
+
+def case_problem(case: Any, where: str) -> str | None:
+    if not isinstance(case, dict):
+        return mismatch(where, dict, case)
+    if "name" not in case:
+        return f"{where}: no name"
+    for key, hint in CASE_FIELDS.items():
+        if key in case:
+            problem = compiled(hint)(case[key], f"{where}.{key}")
+            if problem:
+                return problem
+    return None
 
 
 class RecordNotWritten(ResultsError):
@@ -156,7 +197,28 @@ class RunResults:
     records: list[CellRecord] = field(default_factory=list)
 
 
-def read_env(run_dir: Path) -> dict[str, Any]:
+#: The fields of ``env.json`` that readers use, and the type each must have (null is
+#: always allowed): a field of another type is named as a problem and left out.
+ENV_FIELDS: dict[str, Any] = {
+    **dict.fromkeys(
+        ("torch_version", "torch_git_version", "hostname", "cpu", "python", "platform",
+         "harness_commit", "started_at", "finished_at", "cuda_version", "cuda_driver"),
+        str,
+    ),
+    **dict.fromkeys(
+        ("cudnn_version", "cpu_count", "torch_num_threads", "workers", "threads_per_worker",
+         "runner_exit_code"),
+        int,
+    ),
+    **dict.fromkeys(("gpus", "resumed"), list),
+    **dict.fromkeys(("packages", "flags", "timing", "config", "peak_gflops"), dict),
+    "command": list[str],
+}  # fmt: skip
+
+
+def read_env(run_dir: Path, problems: list[str] | None = None) -> dict[str, Any]:
+    """``env.json`` as a dict. A field of the wrong type raises ResultsError naming it; when
+    a ``problems`` list is given, the message goes there and the field is left out."""
     path = run_dir / ENV_FILE
     try:
         data = json.loads(path.read_text())
@@ -166,7 +228,22 @@ def read_env(run_dir: Path) -> dict[str, Any]:
         raise ResultsError(f"{path}: not valid JSON ({error})") from error
     if not isinstance(data, dict):
         raise ResultsError(f"{path}: expected a JSON object")
+    for key, problem in env_type_problems(data):
+        if problems is None:
+            raise ResultsError(f"{path}: {problem}")
+        problems.append(f"{path}: {problem} (left out)")
+        del data[key]
     return data
+
+
+def env_type_problems(env: dict[str, Any]) -> list[tuple[str, str]]:
+    found = []
+    for key, hint in ENV_FIELDS.items():
+        value = env.get(key)
+        problem = None if value is None else compiled(hint)(value, key)
+        if problem:
+            found.append((key, problem))
+    return found
 
 
 def read_run_plan(run_dir: Path) -> dict[str, Any]:

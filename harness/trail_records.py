@@ -7,6 +7,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.typed import as_mapping, as_tuple
+
 
 @dataclass(frozen=True)
 class Site:
@@ -95,17 +97,22 @@ class Trail:
         if promotion is None and failure is None and not compute:
             return None
         return cls(
-            promotion=Promotion(
-                site=site_from(promotion["site"]),
-                output_dtype=promotion["output_dtype"],
-                carrier=promotion["carrier"],
-            )
-            if promotion
-            else None,
-            failure_site=site_from(failure) if failure else None,
-            compute_dtypes={k: tuple(v) for k, v in (compute or {}).items()},
+            promotion=promotion_from(as_mapping(promotion, "promotion")) if promotion else None,
+            failure_site=site_from(as_mapping(failure, "failure_site")) if failure else None,
+            compute_dtypes={
+                k: as_tuple(v, f"compute_dtypes[{k!r}]")
+                for k, v in as_mapping(compute or {}, "compute_dtypes").items()
+            },
         )
 
 
+def promotion_from(data: dict[str, Any]) -> Promotion:
+    return Promotion(
+        site=site_from(as_mapping(data["site"], "promotion.site")),
+        output_dtype=data["output_dtype"],
+        carrier=data["carrier"],
+    )
+
+
 def site_from(data: dict[str, Any]) -> Site:
-    return Site(**{**data, "input_dtypes": tuple(data.get("input_dtypes") or ())})
+    return Site(**{**data, "input_dtypes": as_tuple(data.get("input_dtypes"), "input_dtypes")})

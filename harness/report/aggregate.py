@@ -38,7 +38,7 @@ class Run:
 def load_run(run_dir: Path) -> Run:
     problems: list[str] = []
     try:
-        env = storage.read_env(run_dir)
+        env = storage.read_env(run_dir, problems)
     except storage.ResultsError as error:
         env, problems = {}, [str(error)]
     records = storage.read_records(run_dir, problems)

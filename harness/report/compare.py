@@ -122,7 +122,7 @@ def newest_run_per_version(root: Path) -> dict[str, Path]:
     runs: dict[str, Path] = {}
     for run_dir in sorted(p for p in root.iterdir() if p.is_dir() and is_run_dir(p)):
         try:
-            version = str(storage.read_env(run_dir).get("torch_version"))
+            version = str(storage.read_env(run_dir, problems=[]).get("torch_version"))
         except storage.ResultsError:
             continue
         runs[version] = run_dir  # names start with a UTC timestamp: the last is the newest

@@ -283,7 +283,7 @@ def render_report(runs: Sequence[Run], comparison: Comparison | None = None) -> 
     problems = [p for run in runs for p in run.problems]
     for run in runs:
         try:
-            metadata.update(storage.read_cases(run.run_dir))
+            metadata.update(storage.read_cases(run.run_dir, problems))
         except storage.ResultsError as error:
             problems.append(str(error))
     cases = sorted(frame["case"].unique()) if not frame.empty else []

@@ -1,0 +1,165 @@
+"""Checking that data read back from a results file has the types its dataclass declares.
+
+JSON read from disk may have been edited, cut or corrupted: ``rel_err`` as a string,
+``torch_version: null``, a list where a name belongs. Readers build the dataclasses first,
+then ``check_fields`` walks them against their annotations and names the first field whose
+value has the wrong type, so the reader can report the file and line instead of failing
+later, somewhere else, with a traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Callable
+from typing import Any
+
+Check = Callable[[Any, str], "str | None"]
+_CLASS_CHECKS: dict[type, list[tuple[str, Check]]] = {}
+
+
+def check_fields(obj: Any, where: str = "") -> None:
+    """Raise ``TypeError`` naming the first field of the dataclass ``obj`` (or of one nested
+    in it) whose value does not have its declared type."""
+    for name, check in _field_checks(type(obj)):
+        problem = check(getattr(obj, name), f"{where}{name}")
+        if problem:
+            raise TypeError(problem)
+
+
+def _field_checks(cls: type) -> list[tuple[str, Check]]:
+    """Each field's check, built once per class from its annotations (reading many records
+    must stay cheap)."""
+    if cls not in _CLASS_CHECKS:
+        hints = typing.get_type_hints(cls)
+        _CLASS_CHECKS[cls] = [(f.name, compiled(hints[f.name])) for f in dataclasses.fields(cls)]
+    return _CLASS_CHECKS[cls]
+
+
+def type_problem(value: Any, hint: Any, name: str) -> str | None:
+    """Why ``value`` does not fit ``hint`` (``name: expected ..., got ...``), or None."""
+    return compiled(hint)(value, name)
+
+
+def compiled(hint: Any) -> Check:
+    """A function telling why a value does not fit ``hint``, or None when it does."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if all(_is_scalar(arg) for arg in args):
+            return _scalar_check(hint, args)
+        return _union_check(hint, [compiled(arg) for arg in args])
+    if origin in (list, tuple):
+        return _sequence_check(hint, origin, compiled(args[0]))
+    if origin is dict:
+        return _mapping_check(hint, compiled(args[0]), compiled(args[1]))
+    if dataclasses.is_dataclass(hint):
+        return _dataclass_check(hint)
+    return _scalar_check(hint)
+
+
+def _union_check(hint: Any, checks: list[Check]) -> Check:
+    def check(value: Any, name: str) -> str | None:
+        problems = [c(value, name) for c in checks]
+        if None in problems:
+            return None
+        own = f"{name}: expected "  # a problem found deeper names the field inside
+        return next((p for p in problems if p and not p.startswith(own)), None) or mismatch(
+            name, hint, value
+        )
+
+    return check
+
+
+def _sequence_check(hint: Any, kind: type, item: Check) -> Check:
+    def check(value: Any, name: str) -> str | None:
+        if not isinstance(value, kind):
+            return mismatch(name, hint, value)
+        items: list[Any] = list(typing.cast(Any, value))
+        return next((p for i, v in enumerate(items) if (p := item(v, f"{name}[{i}]"))), None)
+
+    return check
+
+
+def _mapping_check(hint: Any, key: Check, item: Check) -> Check:
+    def check(value: Any, name: str) -> str | None:
+        if not isinstance(value, dict):
+            return mismatch(name, hint, value)
+        for k, v in value.items():
+            problem = key(k, f"{name} key") or item(v, f"{name}[{k!r}]")
+            if problem:
+                return problem
+        return None
+
+    return check
+
+
+def _dataclass_check(hint: Any) -> Check:
+    def check(value: Any, name: str) -> str | None:
+        if not isinstance(value, hint):
+            return mismatch(name, hint, value)
+        try:
+            check_fields(value, f"{name}.")
+        except TypeError as error:
+            return str(error)
+        return None
+
+    return check
+
+
+def _is_scalar(hint: Any) -> bool:
+    return typing.get_origin(hint) is None and not dataclasses.is_dataclass(hint)
+
+
+def _scalar_check(hint: Any, alternatives: tuple[Any, ...] | None = None) -> Check:
+    """One ``isinstance`` for a plain type or a union of plain types (``str | None``)."""
+    if hint is Any:
+        return lambda value, name: None
+    kinds = alternatives or (hint,)
+    allowed = tuple({t for kind in kinds for t in ((int, float) if kind is float else (kind,))})
+    no_bool = bool not in kinds and any(kind in (int, float) for kind in kinds)
+
+    def check(value: Any, name: str) -> str | None:
+        if isinstance(value, allowed) and not (no_bool and isinstance(value, bool)):
+            return None
+        return mismatch(name, hint, value)
+
+    return check
+
+
+def as_tuple(value: Any, name: str) -> tuple[Any, ...]:
+    """A JSON list (or null, for none) as a tuple; anything else is a ``TypeError``."""
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple):
+        raise TypeError(mismatch(name, list, value).replace("expected list", "expected a list"))
+    return tuple(value)
+
+
+def as_mapping(value: Any, name: str) -> dict[str, Any]:
+    """A JSON object as a dict; anything else is a ``TypeError``."""
+    if not isinstance(value, dict):
+        raise TypeError(mismatch(name, dict, value).replace("expected dict", "expected an object"))
+    return value
+
+
+def mismatch(name: str, hint: Any, value: Any) -> str:
+    shown = repr(value)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return f"{name}: expected {describe(hint)}, got {type(value).__name__} {shown}"
+
+
+def describe(hint: Any) -> str:
+    """``str | None`` -> ``str or null``; ``tuple[str, ...]`` -> ``a list of str``."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(describe(a) for a in args)
+    if origin in (list, tuple):
+        return f"a list of {describe(args[0])}"
+    if origin is dict:
+        return f"an object of {describe(args[1])}"
+    if hint is type(None):
+        return "null"
+    if hint is float:
+        return "a number"
+    return str(getattr(hint, "__name__", hint))
