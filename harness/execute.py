@@ -109,7 +109,7 @@ class CaseCodeFailed(Exception):
     """Something the case's code does before a cell can be judged raised ``error``."""
 
     def __init__(self, error: BaseException) -> None:
-        super().__init__(f"{type(error).__name__}: {error}")
+        super().__init__(f"{type(error).__name__}: {error_text(error)}")
         self.error = error
 
 
@@ -270,7 +270,7 @@ def compute_baseline(case_name: str, dtype: str) -> Baseline:
     except WorkloadFailed as failure:
         run = FixRun(error=failure.error)
     if run.error is not None:
-        return Baseline({}, f"{type(run.error).__name__}: {run.error}"[:MAX_MESSAGE])
+        return Baseline({}, f"{type(run.error).__name__}: {error_text(run.error)}"[:MAX_MESSAGE])
     reference = reference_leaves(case_name)
     numerics = judge_leaves(output_leaves(run.output), reference, dtype_of(dtype), {})
     return Baseline({leaf: n.rel_err for leaf, n in numerics.items()})
@@ -307,9 +307,18 @@ def classify(case: Case, cell: Cell, run: FixRun, record: CellRecord) -> CellRec
         return raised(case, run.error, record)
     try:
         leaves = output_leaves(run.output)
+        check_has_values(leaves)
     except TypeError as error:
         return crashed(record, CrashKind.CONTRACT, error, case)
     return judged(case, cell, leaves, record)
+
+
+def check_has_values(leaves: Leaves) -> None:
+    """A leaf with no values (a ``meta`` tensor) cannot be compared: the fix broke the
+    contract of returning computed tensors."""
+    for name, tensor in leaves.items():
+        if tensor.is_meta:
+            raise TypeError(f"{name} is a meta tensor: it has no values to compare")
 
 
 def judged(case: Case, cell: Cell, leaves: Leaves, record: CellRecord) -> CellRecord:
@@ -372,9 +381,17 @@ def case_root(case: Case) -> Path:
 def error_fields(error: BaseException, root: Path) -> dict[str, Any]:
     return {
         "error_type": type(error).__name__,
-        "error_message": str(error)[:MAX_MESSAGE],
+        "error_message": error_text(error)[:MAX_MESSAGE],
         "error_frames": own_frames(error, root),
     }
+
+
+def error_text(error: BaseException) -> str:
+    """``str(error)``, or what stopped it when an exception's ``__str__`` itself fails."""
+    try:
+        return str(error)
+    except Exception as broken:
+        return f"<str() of the exception failed: {type(broken).__name__}>"
 
 
 def raised(case: Case, error: BaseException, record: CellRecord) -> CellRecord:
@@ -523,7 +540,8 @@ def checked_call(record: CellRecord) -> TimedCall | CellRecord:
             first, second = call(), call()
             same = same_output(first, second)
     except Exception as error:
-        return replace(record, timing_error=f"{type(error).__name__}: {error}"[:MAX_MESSAGE])
+        failure = f"{type(error).__name__}: {error_text(error)}"
+        return replace(record, timing_error=failure[:MAX_MESSAGE])
     notes = (None if same else NOT_RERUNNABLE, restored_note(changed, record.note))
     return TimedCall(
         replace(record, note=join_notes(record.note, *notes)),

@@ -145,10 +145,7 @@ def die_with_parent(parent: int) -> None:
 
 def describe_error(error: BaseException) -> str:
     """``Type: message``, even for an exception whose ``str()`` itself fails."""
-    try:
-        message = str(error)
-    except Exception as broken:
-        message = f"<str() of the exception failed: {type(broken).__name__}>"
+    message = execute.error_text(error)
     return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 

@@ -6,9 +6,11 @@ import copy
 import hashlib
 import importlib
 import importlib.util
+import os
 import re
 import sys
 from collections.abc import Iterable
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -132,10 +134,12 @@ class Discovery:
     modules: dict[str, tuple[str, ...]]
 
 
-def discover(extra_dirs: Iterable[Path] = ()) -> Discovery:
+def discover(extra_dirs: Iterable[Path] = (), probe: bool = False) -> Discovery:
     """Import every case module of ``cases/`` and of each extra folder.
 
     Each module must register exactly one case; a module that does not is a contract error.
+    With ``probe``, each module of an extra folder is first imported in a forked process, so
+    one that ends the process it is imported into (``os._exit``) is named, not fatal.
     """
     modules: dict[str, tuple[str, ...]] = {}
     folders: list[Path] = []
@@ -147,6 +151,8 @@ def discover(extra_dirs: Iterable[Path] = ()) -> Discovery:
         if folders[-1] != BUILTIN_CASES_DIR:
             importable_siblings(Path(directory))
         for path in paths:
+            if probe and folders[-1] != BUILTIN_CASES_DIR:
+                probe_import(path)
             modules[str(path)] = _import_case_module(path)
     return Discovery(modules)
 
@@ -187,6 +193,29 @@ def _import_case_module(path: Path) -> tuple[str, ...]:
     if len(added) != 1:
         raise CaseContractError(f"{path}: registers {len(added)} cases, expected exactly one")
     return added
+
+
+def probe_import(path: Path) -> None:
+    """Import a case module in a forked child first; raise CaseContractError when the
+    import ended the child (errors it raises are reported by the real import)."""
+    if path.parent == BUILTIN_CASES_DIR or _module_name_for(path) in sys.modules:
+        return
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: import, say it survived, leave without cleanup
+        os.close(read)
+        with suppress(BaseException):
+            _load_module(_module_name_for(path), path)
+        os.write(write, b"1")
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        survived = pipe.read(1) == b"1"
+    _, status = os.waitpid(pid, 0)
+    if not survived:
+        code = os.waitstatus_to_exitcode(status)
+        how = f"exit code {code}" if code >= 0 else f"signal {-code}"
+        raise CaseContractError(f"{path}: ended the process importing it ({how})")
 
 
 def _module_name_for(path: Path) -> str:

@@ -32,7 +32,7 @@ from harness.registry import CaseContractError
 
 
 def discover_cases(cases_dirs: Sequence[Path]) -> list[Case]:
-    registry.discover(cases_dirs)
+    registry.discover(cases_dirs, probe=True)
     return registry.all_cases()
 
 

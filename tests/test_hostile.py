@@ -191,3 +191,28 @@ def test_files_are_written_whole_and_no_foreign_file_is_overwritten(
     assert json.loads(target.read_text()) == {"a": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.json", "data.json.tmp"]
     assert (tmp_path / "data.json.tmp").read_text() == "mine"
+
+
+def test_a_case_module_that_ends_the_process_at_import_is_named(tmp_path: Path) -> None:
+    result = harness(
+        "run", "--cases-dir", str(FIXTURES / "exiting_cases"), "--no-timing", "--out",
+        str(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "ends_process.py: ended the process importing it (exit code 0)" in result.stderr
+    assert not list(tmp_path.iterdir())  # no run was started
+
+
+def test_fixes_that_fail_oddly_keep_their_cause(tmp_path: Path) -> None:
+    records = run_toy(tmp_path, "toy-odd-fixes", "--no-timing", "-n", "1")
+    by_fix = {r.cell.fix: r for r in records}
+    interrupted = by_fix["keyboard-interrupt"]
+    assert interrupted.outcome is Outcome.CRASHED
+    assert "KeyboardInterrupt: pressed in a fix" in str(interrupted.error_message)
+    meta = by_fix["meta-tensor"]
+    assert meta.crash_kind is CrashKind.CONTRACT
+    assert meta.error_message == "output is a meta tensor: it has no values to compare"
+    unprintable = by_fix["unprintable-error"]
+    assert (unprintable.outcome, unprintable.reproduces) == (Outcome.RAISES, False)
+    assert unprintable.error_message == "<str() of the exception failed: ValueError>"
+    assert unprintable.error_frames and "unprintable_error" in unprintable.error_frames[-1]
