@@ -360,8 +360,7 @@ def command_report(args: argparse.Namespace) -> int:
     if args.markdown:
         from harness.report.markdown import render_markdown
 
-        with args.markdown.open("a") as summary:
-            summary.write(render_markdown(runs))
+        storage.append_whole(args.markdown, render_markdown(runs).encode())
         print(f"summary: {args.markdown}")
     return 0
 

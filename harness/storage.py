@@ -142,19 +142,28 @@ def append_record(run_dir: Path, record: CellRecord) -> None:
     """Append one record as one line: whole, or (when the disk is full) not at all."""
     path = run_dir / CELLS_FILE
     line = (json.dumps(record.to_dict(), sort_keys=True) + "\n").encode()
+    try:
+        append_whole(path, line)
+    except OSError as error:
+        raise RecordNotWritten(
+            f"{path}: the record of {record.cell.id} could not be written "
+            f"({error.strerror or error})"
+        ) from error
+
+
+def append_whole(path: Path, data: bytes) -> None:
+    """Append ``data`` under an exclusive lock, fsynced: all of it, or (when a write
+    fails part way) none of it, so the file still ends where it ended before."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         start = os.fstat(fd).st_size
         try:
-            write_all(fd, line)
+            write_all(fd, data)
             os.fsync(fd)
-        except OSError as error:
-            os.ftruncate(fd, start)  # no part of the record stays: the file ends on a line
-            raise RecordNotWritten(
-                f"{path}: the record of {record.cell.id} could not be written "
-                f"({error.strerror or error})"
-            ) from error
+        except OSError:
+            os.ftruncate(fd, start)
+            raise
     finally:
         os.close(fd)
 
