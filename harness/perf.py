@@ -75,8 +75,19 @@ def peak_memory_cpu(fn: Callable[[], Any]) -> int:
 def warm_up() -> None:
     """The profiler's first use in a process costs seconds (3.4 s measured here): done once
     in a timing worker, before it forks a process per column, instead of in every one. No
-    torch op runs, so no thread pool starts before the fork."""
+    torch op runs, so no thread pool starts before the fork. Not where a GPU is visible:
+    starting the profiler initialises the CUDA driver (CUPTI), and no process forked after
+    that can use CUDA (measured on an H100: every CUDA timing failed with "CUDA error:
+    initialization error", and so did compiled CPU cells, whose Inductor queries CUDA)."""
+    if gpu_visible():
+        return
     peak_memory_cpu(lambda: None)
+
+
+def gpu_visible() -> bool:
+    """A CUDA build of torch that sees a GPU (counted through NVML, which leaves the CUDA
+    driver uninitialised, so the process can still fork children that use CUDA)."""
+    return torch.backends.cuda.is_built() and torch.cuda.device_count() > 0
 
 
 def running_peak(deltas: Any) -> int:

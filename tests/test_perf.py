@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -10,6 +13,7 @@ from harness import perf
 from harness.records import Cell, CellRecord, Outcome, Perf
 from harness.speed import rank_with_ties, record_key, speed_ratios
 from harness.timing import Timing
+from tests.conftest import ROOT
 
 
 def test_running_peak_is_the_high_water_mark() -> None:
@@ -123,3 +127,38 @@ def test_medians_within_the_tie_ratio_are_ties_even_without_overlap() -> None:
     c = timed("c", "half", "float16", [1.11, 1.11, 1.11])
     tiers = rank_with_ties([a, b, c])
     assert [[r.cell.fix for r in tier] for tier in tiers] == [["a", "b"], ["c"]]
+
+
+def test_the_profiler_is_not_warmed_where_a_gpu_is_visible(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Starting the profiler initialises the CUDA driver: a timing worker that did it could
+    not fork a single column that uses CUDA (seen on an H100)."""
+    started: list[object] = []
+    monkeypatch.setattr(perf, "peak_memory_cpu", lambda fn: started.append(fn) or 0)
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    perf.warm_up.cache_clear()
+    perf.warm_up()
+    assert started == []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    perf.warm_up.cache_clear()
+    perf.warm_up()
+    assert len(started) == 1
+    perf.warm_up.cache_clear()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_a_timing_worker_still_forks_children_that_use_cuda() -> None:
+    script = (
+        "import torch\n"
+        "from harness import perf, isolation, torch_state, trail\n"
+        "perf.warm_up(); trail.warm_up(); torch_state.snapshot()\n"
+        "forked = isolation.run_forked(\n"
+        "    lambda: torch.ones(2, device='cuda').sum().item(), timeout_s=120, threads=1)\n"
+        "print(forked.value, forked.failure)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert result.stdout.strip().splitlines()[-1] == "2.0 None", result.stderr
