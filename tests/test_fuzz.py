@@ -169,7 +169,7 @@ def test_damaged_runs_are_read_with_every_problem_named_never_a_traceback(
     pristine = base_run(tmp_path / "pristine")
     other = base_run(tmp_path / "other", records=4)
     run_dir = tmp_path / "run"
-    started, kinds = time.monotonic(), {}
+    started, kinds = time.monotonic(), dict[str, int]()
     for number in range(RUNS):
         shutil.rmtree(run_dir, ignore_errors=True)
         shutil.copytree(pristine, run_dir)

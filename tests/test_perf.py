@@ -135,7 +135,12 @@ def test_the_profiler_is_not_warmed_where_a_gpu_is_visible(
     """Starting the profiler initialises the CUDA driver: a timing worker that did it could
     not fork a single column that uses CUDA (seen on an H100)."""
     started: list[object] = []
-    monkeypatch.setattr(perf, "peak_memory_cpu", lambda fn: started.append(fn) or 0)
+
+    def profiled(fn: object) -> int:
+        started.append(fn)
+        return 0
+
+    monkeypatch.setattr(perf, "peak_memory_cpu", profiled)
     monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     perf.warm_up.cache_clear()
