@@ -6,6 +6,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
 from harness.axes import DTYPES, MODE_NAMES, MODES, rank
+from harness.kept import Kept, fix_kept, kept
 from harness.records import LABELS, CellRecord, Outcome, outcome_label
 from harness.speed import RecordKey, SpeedRatios, record_key, speed_ratios
 
@@ -145,16 +146,41 @@ def detail_lines(records: Sequence[CellRecord]) -> list[str]:
     return [f"  ! {row} {' '.join(columns)}: {text}" for (row, text), columns in grouped.items()]
 
 
+CPU_SPEED_NOTE = "  (timed on a CPU: half-precision speed on a CPU does not predict a GPU's)"
+
+
+def precision_line(records: Sequence[CellRecord]) -> str | None:
+    """``  computes in: half: a, b; fp32 fallback: c``: which fixes kept the matmuls and
+    attention in the cell's dtype (see ``harness.kept``)."""
+    by_fix: dict[str, list[str | None]] = {}
+    for r in records:
+        level = kept(r)
+        by_fix.setdefault(r.cell.fix, []).append(level.value if level else None)
+    groups: dict[Kept, list[str]] = {}
+    for fix, levels in by_fix.items():
+        level = fix_kept(levels)
+        if level is not None:
+            groups.setdefault(level, []).append(fix)
+    if not groups:
+        return None
+    parts = [f"{level.value}: {', '.join(groups[level])}" for level in Kept if level in groups]
+    return "  computes in: " + "; ".join(parts)
+
+
 def render_summary(records: Sequence[CellRecord]) -> str:
     """The whole summary: tables per case (outcomes, then speed), counts, skip reasons."""
     lines: list[str] = []
     by_speed = speed_text(speed_ratios(records))
     for case in sorted({r.cell.case for r in records}):
         mine = [r for r in records if r.cell.case == case]
-        lines += [f"{case}", *("  " + row for row in case_table(mine)), *detail_lines(mine), ""]
+        precision = precision_line(mine)
+        lines += [f"{case}", *("  " + row for row in case_table(mine)), *detail_lines(mine)]
+        lines += [precision, ""] if precision else [""]
         speed = case_table(mine, by_speed)
         if speed:
-            lines += ["  time per call" + SPEED_LEGEND, *("  " + row for row in speed), ""]
+            lines += ["  time per call" + SPEED_LEGEND, *("  " + row for row in speed)]
+            on_cpu = any(r.perf and r.cell.device == "cpu" for r in mine)
+            lines += [CPU_SPEED_NOTE, ""] if on_cpu else [""]
     counts = Counter(r.outcome.value for r in records)
     lines.append("outcomes: " + ", ".join(f"{n} {o}" for o, n in sorted(counts.items())))
     lines += skipped_lines(records)

@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from harness import storage
+from harness.kept import Kept
 from harness.records import Flag
 from harness.report import aggregate
 from harness.report.compare import compare_runs, render_comparison
@@ -90,10 +91,23 @@ def test_markdown_summary_golden(tmp_path: Path) -> None:
 
 def test_recommendations_golden(frame) -> None:
     lines = [
-        f"{r.case}: {r.fix}: {r.reason}"
+        f"{r.case}: {r.fix}: {r.reason}\n  criterion: {r.criterion}\n"
+        + "".join(f"  not recommended: {cost}\n" for cost in r.fallbacks)
         for r in (aggregate.recommend(frame, c) for c in sorted(frame["case"].unique()))
     ]
-    check_golden("recommendations.txt", "\n".join(lines) + "\n")
+    check_golden("recommendations.txt", "".join(lines))
+
+
+def test_no_recommendation_is_an_fp32_fallback_while_a_half_fix_passes(frame) -> None:
+    """Dia's ``fp32`` fix passes everywhere and used to win on a CPU, where half arithmetic
+    is slow; it runs the attention in float32, so it is named as a fallback instead."""
+    dia = aggregate.recommend(frame, "dia-sdpa-kv-cache")
+    assert dia.fix != "fp32" and dia.fix is not None
+    assert dia.criterion == aggregate.CRITERION
+    assert "fp32" in [c.split(":")[0] for c in dia.fallbacks]
+    assert all("passes by falling back to fp32" in cost for cost in dia.fallbacks)
+    levels = aggregate.precision_by_fix(frame[frame["case"] == "dia-sdpa-kv-cache"])
+    assert levels["fp32"] is Kept.FALLBACK and levels[dia.fix] is Kept.HALF
 
 
 def test_compare_golden() -> None:

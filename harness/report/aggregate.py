@@ -15,6 +15,7 @@ import pandas as pd
 
 from harness import storage
 from harness.axes import DTYPES, MODE_NAMES, rank
+from harness.kept import Kept, fix_kept, kept
 from harness.records import DRIFT, REPRODUCES, CellRecord, Outcome, base_label, outcome_label
 from harness.search import release_key
 from harness.speed import SpeedRatios, record_key, speed_ratios
@@ -90,6 +91,7 @@ def record_row(
         "note": record.note,
         "out_dtype": record.out_dtype,
         "attn_dtype": record.attn_dtype,
+        "kept": level.value if (level := kept(record)) else None,
         "rel_err": numerics.rel_err if numerics else None,
         "tolerance": numerics.tolerance if numerics else None,
         "median_s": perf.time_median_s if perf else None,
@@ -232,22 +234,48 @@ class Recommendation:
     case: str
     fix: str | None
     reason: str
+    #: How the fix was chosen, in one sentence.
+    criterion: str = ""
+    #: Fixes that pass everywhere by falling back to float32, each with its cost.
+    fallbacks: tuple[str, ...] = ()
+
+
+CRITERION = (
+    "Among the fixes that pass in every cell measured and keep the matmuls and attention in "
+    "the cell's half-precision dtype, the one with the lowest median error and time "
+    "(the sum of the two ranks)."
+)
+FALLBACK_CRITERION = (
+    "No fix passes everywhere in half precision: among the fp32 fallbacks that pass in every "
+    "cell measured, the one with the lowest median error and time."
+)
+
+
+def precision_by_fix(case_frame: pd.DataFrame) -> dict[str, Kept | None]:
+    """Each fix's precision over the low-precision cells that ran (see ``harness.kept``)."""
+    return {str(fix): fix_kept(cells["kept"]) for fix, cells in case_frame.groupby("fix")}
 
 
 def recommend(frame: pd.DataFrame, case: str) -> Recommendation:
-    """The fix that passes in every environment measured, with the lowest error and time.
+    """The fix that passes in every environment measured, keeps half precision, and has the
+    lowest error and time.
 
-    Candidates are fixes other than ``none`` whose every cell that ran passed. Among them the
-    one with the lowest median error and the lowest median time (relative to the fastest
-    passing fix) wins; when no single fix is best at both, the sum of its two ranks decides
-    and the reason says what was traded.
+    Candidates are fixes other than ``none`` whose every cell that ran passed, and of those
+    the ones that do not fall back to float32; only when none is left are the fallbacks
+    considered. Among the candidates the one with the lowest median error and the lowest
+    median time (relative to the fastest passing fix) wins; when no single fix is best at
+    both, the sum of its two ranks decides and the reason says what was traded.
     """
     mine = frame[(frame["case"] == case) & (frame["outcome"] != Outcome.SKIPPED.value)]
     candidates = fixes_passing_everywhere(mine)
     if not candidates:
         return Recommendation(case, None, "no fix passes in every environment measured")
+    levels = precision_by_fix(mine)
+    fallbacks = [f for f in candidates if levels.get(f) is Kept.FALLBACK]
+    keeping = [f for f in candidates if f not in fallbacks]
+    pool = keeping or fallbacks
     stats = (
-        mine[mine["fix"].isin(candidates)]
+        mine[mine["fix"].isin(pool)]
         .groupby("fix")
         .agg(
             error=("rel_err", "median"),
@@ -259,7 +287,32 @@ def recommend(frame: pd.DataFrame, case: str) -> Recommendation:
     stats["score"] = stats["error"].rank() + stats["time"].rank(na_option="bottom")
     best = stats.sort_values(["score", "time"]).iloc[0]
     name = str(stats.sort_values(["score", "time"]).index[0])
-    return Recommendation(case, name, _reason(name, best, stats))
+    costs = tuple(fallback_cost(mine, f, name) for f in fallbacks if f != name)
+    return Recommendation(
+        case,
+        name,
+        _reason(name, best, stats),
+        CRITERION if keeping else FALLBACK_CRITERION,
+        costs,
+    )
+
+
+def fallback_cost(case_frame: pd.DataFrame, fallback: str, chosen: str) -> str:
+    """``fp32: an fp32 fallback; 1.8x the time and 2.0x the memory of cast-kv-to-q``,
+    medians over the columns where both were measured."""
+    columns = ["env", "dtype", "mode"]
+    pair = case_frame[case_frame["fix"].isin([fallback, chosen])]
+    by_column = pair.pivot_table(
+        index=columns, columns="fix", values=["median_s", "peak_mem_bytes"], aggfunc="median"
+    )
+    parts = []
+    for value, what in (("median_s", "the time"), ("peak_mem_bytes", "the memory")):
+        if value in by_column and {fallback, chosen} <= set(by_column[value].columns):
+            ratio = (by_column[value][fallback] / by_column[value][chosen]).median()
+            if pd.notna(ratio):
+                parts.append(f"{ratio:.2f}x {what}")
+    cost = f"; {' and '.join(parts)} of {chosen}" if parts else ""
+    return f"{fallback}: passes by falling back to fp32{cost}"
 
 
 def best_of(values: pd.Series) -> str | None:

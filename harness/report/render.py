@@ -190,6 +190,14 @@ def case_view(frame: pd.DataFrame, case: str, meta: dict[str, Any] | None) -> di
         "meta": meta,
         "links": upstream_links(meta or {}),
         "recommendation": recommendation,
+        "precision": [
+            (fix, level.value)
+            for fix, level in aggregate.precision_by_fix(mine).items()
+            if level is not None
+        ],
+        "cpu_timed": bool(
+            ((mine["device"] == "cpu") & mine["median_s"].notna()).any() if len(mine) else False
+        ),
         "plot": plots.error_vs_time(mine, passing),
         "rows": cell_rows(mine[mine["outcome"] != "skipped"]),
         "skipped": skipped_summary(mine),
