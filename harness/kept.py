@@ -56,7 +56,7 @@ def kept(record: CellRecord) -> Kept | None:
     return Kept.PARTLY if low else Kept.FALLBACK
 
 
-def fix_kept(cells: Iterable[str | None]) -> Kept | None:
+def fix_kept(cells: Iterable[object]) -> Kept | None:
     """A fix over its cells (``Kept`` values): a fallback if any cell fell back, else partly
     if any cell ran partly in float32, else half; None when no cell says."""
     known = {k for k in cells if isinstance(k, str)}
