@@ -18,7 +18,9 @@ from harness.report.aggregate import load_runs
 from harness.report.render import render_report, write_report
 
 SOURCES = sorted((Path(__file__).resolve().parent.parent / "tests" / "data" / "runs").iterdir())
-TARGET_CELLS = 1000
+SIZES = (1_000, 10_000, 100_000)
+RELEASES = ("2.1.2", "2.2.2", "2.3.1", "2.4.1", "2.5.1", "2.6.0", "2.7.1", "2.8.0", "2.9.1",
+            "2.10.0", "2.11.0", "2.12.1", "2.13.0", "2.14.1")  # fmt: skip
 
 
 def synthetic_run(source: Path, folder: Path, version: str, host: str) -> int:
@@ -35,25 +37,39 @@ def synthetic_run(source: Path, folder: Path, version: str, host: str) -> int:
     return len(storage.read_records(folder))
 
 
-def main() -> int:
-    with tempfile.TemporaryDirectory() as tmp:
-        runs, cells, n = [], 0, 0
-        while cells < TARGET_CELLS:
-            source = SOURCES[n % len(SOURCES)]
-            folder = Path(tmp) / f"run{n}"
-            cells += synthetic_run(source, folder, f"2.{n // len(SOURCES)}.0", f"host{n % 3}")
-            runs.append(folder)
-            n += 1
-        started = time.perf_counter()
-        html = render_report(load_runs(runs))
-        out = write_report(html, Path(tmp) / "out" / "report.html")
-        elapsed = time.perf_counter() - started
-        print(
-            f"6. report over {cells} cells in {len(runs)} runs: {elapsed:.1f} s "
-            f"({out.stat().st_size / 1e6:.1f} MB of HTML)"
-        )
+def synthetic_runs(root: Path, target: int) -> tuple[list[Path], int]:
+    """Runs of every release on a few hosts until ``target`` cells: a nightly's worth."""
+    runs, cells, n = [], 0, 0
+    while cells < target:
+        source = SOURCES[n % len(SOURCES)]
+        folder = root / f"run{n}"
+        release = RELEASES[(n // len(SOURCES)) % len(RELEASES)]
+        host = f"gpu-host-{n // (len(SOURCES) * len(RELEASES))}"
+        cells += synthetic_run(source, folder, release, host)
+        runs.append(folder)
+        n += 1
+    return runs, cells
+
+
+def time_report(runs: list[Path], out: Path) -> tuple[float, int]:
+    started = time.perf_counter()
+    html = render_report(load_runs(runs))
+    written = write_report(html, out)
+    return time.perf_counter() - started, written.stat().st_size
+
+
+def main(sizes: tuple[int, ...] = SIZES) -> int:
+    for target in sizes:
+        with tempfile.TemporaryDirectory() as tmp:
+            runs, cells = synthetic_runs(Path(tmp), target)
+            elapsed, size = time_report(runs, Path(tmp) / "out" / "report.html")
+            print(
+                f"report over {cells} cells in {len(runs)} runs: {elapsed:.1f} s, "
+                f"{size / 1e6:.1f} MB of HTML",
+                flush=True,
+            )
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(tuple(int(n) for n in sys.argv[1:]) or SIZES))

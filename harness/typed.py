@@ -48,7 +48,7 @@ def compiled(hint: Any) -> Check:
     if origin in (typing.Union, types.UnionType):
         if all(_is_scalar(arg) for arg in args):
             return _scalar_check(hint, args)
-        return _union_check(hint, [compiled(arg) for arg in args])
+        return _union_check(hint, [compiled(arg) for arg in args], type(None) in args)
     if origin in (list, tuple):
         return _sequence_check(hint, origin, compiled(args[0]))
     if origin is dict:
@@ -58,13 +58,18 @@ def compiled(hint: Any) -> Check:
     return _scalar_check(hint)
 
 
-def _union_check(hint: Any, checks: list[Check]) -> Check:
+def _union_check(hint: Any, checks: list[Check], optional: bool) -> Check:
     def check(value: Any, name: str) -> str | None:
-        problems = [c(value, name) for c in checks]
-        if None in problems:
+        if value is None and optional:
             return None
+        problems = []
+        for c in checks:  # the first alternative that fits ends it
+            problem = c(value, name)
+            if problem is None:
+                return None
+            problems.append(problem)
         own = f"{name}: expected "  # a problem found deeper names the field inside
-        return next((p for p in problems if p and not p.startswith(own)), None) or mismatch(
+        return next((p for p in problems if not p.startswith(own)), None) or mismatch(
             name, hint, value
         )
 

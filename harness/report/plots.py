@@ -22,8 +22,12 @@ def to_data_uri(figure: Figure) -> str:
 
 
 def error_vs_time(case_frame: pd.DataFrame, passing_everywhere: set[str]) -> str | None:
-    """Error against the float64 reference vs median time, one colour per fix and one
-    marker per environment; fixes that pass everywhere are drawn bold in the legend."""
+    """Error against the float64 reference vs median time, one colour per fix; fixes that
+    pass everywhere are drawn with a black edge and marked in the legend.
+
+    Drawn once per case, with a bounded number of scatter calls whatever the number of
+    cells: environments get a marker each while they are few; beyond ``len(MARKERS)`` they
+    are grouped by device, so the legend stays one entry per fix and one per marker."""
     points = case_frame.dropna(subset=["rel_err", "median_s"])
     points = points[points["rel_err"] > 0]
     if points.empty:
@@ -32,16 +36,18 @@ def error_vs_time(case_frame: pd.DataFrame, passing_everywhere: set[str]) -> str
     axes = figure.subplots()
     palette = matplotlib.colormaps["tab10"].colors  # type: ignore[attr-defined]
     colours: dict[str, Colour] = dict(zip(sorted(points["row"].unique()), palette, strict=False))
-    envs = sorted(points["env"].unique())
-    for (row, env), group in points.groupby(["row", "env"]):
+    by, title = marker_groups(points)
+    groups = sorted(points[by].unique())
+    dense = len(points) > 400
+    for (row, group_name), group in points.groupby(["row", by]):
         axes.scatter(
             group["median_s"] * 1e3,
             group["rel_err"],
-            color=colours.get(row, "grey"),
-            marker=MARKERS[envs.index(env) % len(MARKERS)],
-            s=46,
-            alpha=0.85,
-            edgecolors="black" if _fix_of(row) in passing_everywhere else "none",
+            color=colours.get(str(row), "grey"),
+            marker=MARKERS[groups.index(group_name) % len(MARKERS)],
+            s=14 if dense else 46,
+            alpha=0.5 if dense else 0.85,
+            edgecolors="black" if _fix_of(str(row)) in passing_everywhere else "none",
         )
     axes.set(
         xscale="log",
@@ -52,8 +58,16 @@ def error_vs_time(case_frame: pd.DataFrame, passing_everywhere: set[str]) -> str
     axes.grid(True, which="both", alpha=0.25)
     axes.xaxis.set_major_formatter(ScalarFormatter())
     axes.xaxis.set_minor_formatter(ScalarFormatter())
-    _legends(figure, colours, envs, passing_everywhere)
+    _legends(figure, colours, groups, title, passing_everywhere)
     return to_data_uri(figure)
+
+
+def marker_groups(points: pd.DataFrame) -> tuple[str, str]:
+    """The column whose values get a marker each, and the legend's title for it."""
+    envs = points["env"].nunique()
+    if envs <= len(MARKERS):
+        return "env", "environment"
+    return "device", f"device ({envs} environments)"
 
 
 def _fix_of(row: str) -> str:
@@ -61,7 +75,11 @@ def _fix_of(row: str) -> str:
 
 
 def _legends(
-    figure: Figure, colours: dict[str, Colour], envs: list[str], passing_everywhere: set[str]
+    figure: Figure,
+    colours: dict[str, Colour],
+    groups: list[str],
+    title: str,
+    passing_everywhere: set[str],
 ) -> None:
     fix_handles = [
         Line2D(
@@ -76,8 +94,8 @@ def _legends(
         for row, colour in colours.items()
     ]
     env_handles = [
-        Line2D([], [], marker=MARKERS[i % len(MARKERS)], linestyle="", color="grey", label=env)
-        for i, env in enumerate(envs)
+        Line2D([], [], marker=MARKERS[i % len(MARKERS)], linestyle="", color="grey", label=name)
+        for i, name in enumerate(groups)
     ]
     figure.legend(
         handles=fix_handles, loc="outside right upper", fontsize=8, title="fix", title_fontsize=8
@@ -86,6 +104,6 @@ def _legends(
         handles=env_handles,
         loc="outside right lower",
         fontsize=8,
-        title="environment",
+        title=title,
         title_fontsize=8,
     )
