@@ -394,16 +394,18 @@ def command_compare(args: argparse.Namespace) -> int:
     from harness.report.aggregate import load_run
     from harness.report.compare import compare_runs, pair_runs, render_comparison
 
-    pairs = pair_runs(existing_run_dir(args.base), existing_run_dir(args.head))
-    if not pairs:
+    pairing = pair_runs(existing_run_dir(args.base), existing_run_dir(args.head))
+    for line in pairing.left_out:
+        print(f"ampmatrix: {line}", file=sys.stderr)
+    if not pairing.pairs:
         print(
-            f"ampmatrix: no run of {args.head} has a run of the same torch version in "
-            f"{args.base}: nothing to compare",
+            f"ampmatrix: no run of {args.head} has a run of the same environment (torch "
+            f"release, host and GPUs) in {args.base}: nothing to compare",
             file=sys.stderr,
         )
         return 0
     regressions = 0
-    for base_dir, head_dir in pairs:
+    for base_dir, head_dir in pairing.pairs:
         base, head = load_run(base_dir), load_run(head_dir)
         warn(base.problems + head.problems)
         comparison = compare_runs(base, head, args.min_ratio, args.alpha)

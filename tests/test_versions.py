@@ -54,17 +54,29 @@ def test_no_change_and_single_version_are_said_plainly() -> None:
     assert "only one torch version" in render_bisect([rec("2.4.1", Outcome.PASSES)])
 
 
-def test_results_folders_pair_up_by_torch_version(tmp_path: Path) -> None:
+def test_results_folders_pair_up_by_environment_and_name_every_run_left_out(
+    tmp_path: Path,
+) -> None:
     base, head = tmp_path / "base", tmp_path / "head"
     for root, stamp in ((base, "20260101"), (head, "20260102")):
         for name in ("torch-2.4.1", "torch-2.13.0"):
             shutil.copytree(DATA / name, root / f"{stamp}T000000-{name}")
     shutil.copytree(DATA / "torch-2.13.0", head / "20260103T000000-torch-2.13.0")
-    pairs = [(b.name, h.name) for b, h in pair_runs(base, head)]
-    assert pairs == [
+    other_host = head / "20260104T000000-torch-2.13.0"
+    shutil.copytree(DATA / "torch-2.13.0", other_host)
+    env = storage.read_env(other_host)
+    storage.write_env(other_host, {**env, "hostname": "gpu-box-2", "gpus": [{"name": "H100"}]})
+    pairing = pair_runs(base, head)
+    assert [(b.name, h.name) for b, h in pairing.pairs] == [
         ("20260101T000000-torch-2.13.0", "20260103T000000-torch-2.13.0"),
         ("20260101T000000-torch-2.4.1", "20260102T000000-torch-2.4.1"),
     ]
+    left_out = "\n".join(pairing.left_out)
+    assert "20260102T000000-torch-2.13.0: not compared: 20260103T000000-torch-2.13.0 is newer" in (
+        left_out
+    )
+    assert f"{other_host}: no run of torch 2.13.0+cpu on gpu-box-2 (H100) in {base}" in left_out
+    assert len(pairing.left_out) == 2
     one = base / "20260101T000000-torch-2.4.1"
-    assert pair_runs(one, one) == [(one, one)]
+    assert pair_runs(one, one).pairs == [(one, one)]
     assert storage.read_env(one)["torch_version"].startswith("2.4.1")

@@ -9,8 +9,9 @@ that the test cannot confirm is reported as ambiguous.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from scipy.stats import mannwhitneyu
 
@@ -117,27 +118,69 @@ def is_run_dir(path: Path) -> bool:
     return (path / storage.ENV_FILE).exists() or (path / storage.CELLS_FILE).exists()
 
 
-def newest_run_per_version(root: Path) -> dict[str, Path]:
-    """In a folder of runs, the newest run of each torch version (by its env.json)."""
-    runs: dict[str, Path] = {}
+EnvironmentKey = tuple[str, str, str]
+
+
+@dataclass
+class Pairing:
+    """Runs of two results folders paired by environment, and every run left out, with why."""
+
+    pairs: list[tuple[Path, Path]] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)
+
+
+def environment_key(env: dict[str, Any]) -> EnvironmentKey:
+    """What makes two runs comparable: the torch release and the machine (host and GPUs)."""
+    gpus = env.get("gpus") or []
+    names = ",".join(str(g.get("name", g)) if isinstance(g, dict) else str(g) for g in gpus)
+    return (str(env.get("torch_version")), str(env.get("hostname")), names or "no GPU")
+
+
+def describe_key(key: EnvironmentKey) -> str:
+    return f"torch {key[0]} on {key[1]} ({key[2]})"
+
+
+def runs_by_environment(root: Path, left_out: list[str]) -> dict[EnvironmentKey, Path]:
+    """In a folder of runs, the newest run of each environment; older runs of the same
+    environment and runs whose env.json cannot be read go to ``left_out``, with why."""
+    runs: dict[EnvironmentKey, Path] = {}
     for run_dir in sorted(p for p in root.iterdir() if p.is_dir() and is_run_dir(p)):
         try:
-            version = str(storage.read_env(run_dir, problems=[]).get("torch_version"))
-        except storage.ResultsError:
+            key = environment_key(storage.read_env(run_dir, problems=[]))
+        except storage.ResultsError as error:
+            left_out.append(f"{run_dir}: not compared: {error}")
             continue
-        runs[version] = run_dir  # names start with a UTC timestamp: the last is the newest
+        if key in runs:  # names start with a UTC timestamp: the later is the newer
+            left_out.append(
+                f"{runs[key]}: not compared: {run_dir.name} is newer, same {describe_key(key)}"
+            )
+        runs[key] = run_dir
     return runs
 
 
-def pair_runs(base: Path, head: Path) -> list[tuple[Path, Path]]:
-    """Two runs compare as they are; two results folders pair up by torch version."""
+def pair_runs(base: Path, head: Path) -> Pairing:
+    """Two runs compare as they are; two results folders pair up by environment (torch
+    release, host and GPUs), the newest run of each, and name every run left out."""
     if is_run_dir(base) and is_run_dir(head):
-        return [(base, head)]
-    bases = {base.name: base} if is_run_dir(base) else newest_run_per_version(base)
-    heads = {head.name: head} if is_run_dir(head) else newest_run_per_version(head)
+        return Pairing([(base, head)])
+    pairing = Pairing()
+    bases = (
+        {("", "", ""): base} if is_run_dir(base) else runs_by_environment(base, pairing.left_out)
+    )
+    heads = (
+        {("", "", ""): head} if is_run_dir(head) else runs_by_environment(head, pairing.left_out)
+    )
     if is_run_dir(base) or is_run_dir(head):
-        return [(b, h) for b in bases.values() for h in heads.values()]
-    return [(bases[v], heads[v]) for v in sorted(heads) if v in bases]
+        pairing.pairs = [(b, h) for b in bases.values() for h in heads.values()]
+        return pairing
+    for key in sorted(heads.keys() | bases.keys()):
+        if key in heads and key in bases:
+            pairing.pairs.append((bases[key], heads[key]))
+        elif key in heads:
+            pairing.left_out.append(f"{heads[key]}: no run of {describe_key(key)} in {base}")
+        else:
+            pairing.left_out.append(f"{bases[key]}: no run of {describe_key(key)} in {head}")
+    return pairing
 
 
 def render_comparison(comparison: Comparison) -> str:
