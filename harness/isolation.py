@@ -265,4 +265,7 @@ def remember_peaks(records: list[CellRecord]) -> None:
     from it) reuse them instead of measuring the large GEMM again."""
     for record in records:
         if record.perf and record.perf.peak_gflops:
-            perf.remember_peak(record.cell.device, record.cell.dtype, record.perf.peak_gflops)
+            measured_at = record.perf.peak_measured_at or ""
+            perf.remember_peak(
+                record.cell.device, record.cell.dtype, record.perf.peak_gflops, measured_at
+            )

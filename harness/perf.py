@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from harness import peaks
+from harness.environment import cpu_name
 from harness.precision import dtype_of
 from harness.records import Perf
 from harness.timing import Timing, TimingConfig, measure, stopwatch_for
@@ -114,20 +116,34 @@ def peak_memory(fn: Callable[[], Any], device: torch.device) -> tuple[int, str]:
     return peak_memory_cpu(fn), "cpu-profiler"
 
 
-#: Peaks measured by earlier timing processes of this worker, by (device, dtype).
-KNOWN_PEAKS: dict[tuple[str, str], float] = {}
+#: Peaks known to this worker (from the cache, or measured by an earlier timing process),
+#: by (device, dtype): the GFLOP/s and when they were measured.
+KNOWN_PEAKS: dict[tuple[str, str], tuple[float, str]] = {}
 
 
-def remember_peak(device: str, dtype: str, gflops: float) -> None:
-    KNOWN_PEAKS[device, dtype] = gflops
+def remember_peak(device: str, dtype: str, gflops: float, measured_at: str) -> None:
+    KNOWN_PEAKS[device, dtype] = (gflops, measured_at)
 
 
-def peak_matmul_gflops(device: str, dtype: str) -> float:
-    """Measured matmul throughput of this device in this dtype (a large square GEMM), once
-    per worker."""
+def peak_matmul_gflops(device: str, dtype: str) -> tuple[float, str]:
+    """This machine's matmul throughput on ``device`` in ``dtype`` (a large square GEMM) and
+    when it was measured: from the machine's cache of peaks (``harness.peaks``) when it
+    holds a recent figure, else measured now and cached."""
     if (device, dtype) not in KNOWN_PEAKS:
-        remember_peak(device, dtype, measure_peak_gflops(device, dtype))
+        key = peaks.peak_key(
+            device_model(device), dtype, torch.__version__, torch.get_num_threads()
+        )
+        entry = peaks.cached_peak(key) or peaks.store_peak(key, measure_peak_gflops(device, dtype))
+        remember_peak(device, dtype, float(entry["gflops"]), str(entry["measured_at"]))
     return KNOWN_PEAKS[device, dtype]
+
+
+def device_model(device: str) -> str:
+    """``NVIDIA H100 80GB HBM3`` or the CPU's model name."""
+    target = torch.device(device)
+    if target.type == "cuda":
+        return torch.cuda.get_device_name(target)
+    return cpu_name()
 
 
 def measure_peak_gflops(device: str, dtype: str) -> float:
@@ -151,12 +167,17 @@ def perf_figures(fn: Callable[[], Any], device: torch.device, dtype: str, timing
     """The timing of ``fn`` with its FLOPs, throughput and peak memory on ``device``."""
     flops = count_flops(fn)
     memory, memory_method = peak_memory(fn, device)
-    peak = peak_matmul_gflops(str(device), dtype)
-    return perf_record(timing, flops, memory, memory_method, peak)
+    peak, measured_at = peak_matmul_gflops(str(device), dtype)
+    return perf_record(timing, flops, memory, memory_method, peak, measured_at)
 
 
 def perf_record(
-    timing: Timing, flops: int | None, memory: int, memory_method: str, peak_gflops: float
+    timing: Timing,
+    flops: int | None,
+    memory: int,
+    memory_method: str,
+    peak_gflops: float,
+    peak_measured_at: str | None = None,
 ) -> Perf:
     gflops = flops / timing.median / 1e9 if flops and timing.median > 0 else None
     return Perf(
@@ -175,4 +196,5 @@ def perf_record(
         peak_fraction=gflops / peak_gflops if gflops and peak_gflops else None,
         peak_mem_bytes=memory,
         mem_method=memory_method,
+        peak_measured_at=peak_measured_at,
     )

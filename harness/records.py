@@ -167,6 +167,8 @@ class Perf:
     peak_mem_bytes: int
     mem_method: str
     timing_worker: str | None = None
+    #: When this machine's peak GEMM figure was measured (it is cached and reused).
+    peak_measured_at: str | None = None
 
 
 #: Sub-records flattened into the record's JSON object, and the field that says one is there.

@@ -189,6 +189,7 @@ def time_cells(run_dir: Path, config: RunConfig) -> int:
 
 def finish_run(run_dir: Path, exit_code: int, workers: int, config: RunConfig) -> None:
     env = storage.read_env(run_dir)
+    records = storage.read_records(run_dir)
     env.update(
         finished_at=now_iso(),
         runner_exit_code=exit_code,
@@ -196,7 +197,8 @@ def finish_run(run_dir: Path, exit_code: int, workers: int, config: RunConfig) -
         threads_per_worker=threads_per_worker(workers),
         timing=dataclasses.asdict(config.timing) if config.timing else None,
         config=config.to_dict(),
-        peak_gflops=measured_peaks(storage.read_records(run_dir)),
+        peak_gflops=measured_peaks(records),
+        peak_measured_at=peak_dates(records),
     )
     storage.write_env(run_dir, env)
 
@@ -208,6 +210,17 @@ def measured_peaks(records: Sequence[CellRecord]) -> dict[str, dict[str, float]]
         if record.perf and record.perf.peak_gflops:
             peaks.setdefault(record.cell.device, {})[record.cell.dtype] = record.perf.peak_gflops
     return peaks
+
+
+def peak_dates(records: Sequence[CellRecord]) -> dict[str, dict[str, str]]:
+    """When each peak of ``measured_peaks`` was measured (peaks are cached per machine)."""
+    dates: dict[str, dict[str, str]] = {}
+    for record in records:
+        if record.perf and record.perf.peak_measured_at:
+            dates.setdefault(record.cell.device, {})[record.cell.dtype] = (
+                record.perf.peak_measured_at
+            )
+    return dates
 
 
 def missing_cells(run_dir: Path) -> list[Cell]:

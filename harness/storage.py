@@ -220,7 +220,9 @@ ENV_FIELDS: dict[str, Any] = {
         int,
     ),
     **dict.fromkeys(("gpus", "resumed"), list),
-    **dict.fromkeys(("packages", "flags", "timing", "config", "peak_gflops"), dict),
+    **dict.fromkeys(
+        ("packages", "flags", "timing", "config", "peak_gflops", "peak_measured_at"), dict
+    ),
     "command": list[str],
 }  # fmt: skip
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +14,9 @@ import pytest
 from harness import execute, registry
 
 pytest_plugins = ["pytester"]
+
+# Peaks measured by the tests' runs go to a cache of their own, not the user's.
+os.environ.setdefault("AMPMATRIX_CACHE_DIR", tempfile.mkdtemp(prefix="ampmatrix-test-cache-"))
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TOY_CASES = FIXTURES / "cases"

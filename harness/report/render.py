@@ -238,6 +238,7 @@ def environment_facts(run: Run) -> list[tuple[str, str]]:
         "workers",
         "threads_per_worker",
         "peak_gflops",
+        "peak_measured_at",
         "packages",
         "flags",
         "timing",
