@@ -41,6 +41,12 @@ def split_values(values: Sequence[str] | None) -> tuple[str, ...]:
     return tuple(v for value in values or () for v in value.split(",") if v)
 
 
+def batch_size(value: str) -> int:
+    if value.isdigit() and int(value) >= 1:
+        return int(value)
+    raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of cells, 1 or more")
+
+
 def worker_count_arg(value: str) -> str:
     if value == "auto" or (value.isdigit() and int(value) >= 0):
         return value
@@ -116,6 +122,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=memory_gib,
         metavar="GIB",
         help="memory limit per cell process (RLIMIT_DATA); beyond it allocations fail",
+    )
+    run_parser.add_argument(
+        "--batch",
+        type=batch_size,
+        default=RunConfig.batch,
+        metavar="N",
+        help=f"cells of one case sharing a forked process (default {RunConfig.batch}; "
+        "1: every cell in a process of its own)",
     )
     run_parser.add_argument(
         "--resume",
@@ -275,6 +289,7 @@ def config_from(args: argparse.Namespace, argv: Sequence[str]) -> RunConfig:
         command=("python -m harness", *argv),
         timing=None if args.no_timing else timing,
         trace=not args.no_trace,
+        batch=args.batch,
         limits=Limits(
             timeout_s=args.timeout,
             memory_bytes=int(args.memory_limit * 2**30) if args.memory_limit else None,

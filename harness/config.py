@@ -30,6 +30,9 @@ class RunConfig:
     limits: Limits = field(default_factory=Limits)
     #: Trace dtypes in correctness cells (``--no-trace`` turns it off, to measure its cost).
     trace: bool = True
+    #: At most this many cells of one case share a forked process in the correctness phase
+    #: (``--batch``; 1: every cell in a process of its own).
+    batch: int = 16
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -41,6 +44,7 @@ class RunConfig:
             "timing": dataclasses.asdict(self.timing) if self.timing else None,
             "limits": dataclasses.asdict(self.limits),
             "trace": self.trace,
+            "batch": self.batch,
         }
 
     @classmethod
@@ -62,6 +66,7 @@ class RunConfig:
             timing=TimingConfig(**as_mapping(timing, "timing")) if timing is not None else None,
             limits=Limits(**as_mapping(data.get("limits") or {}, "limits")),
             trace=data.get("trace", True),
+            batch=data.get("batch", 1),  # runs before batching ran a cell per process
         )
         for part in (config.selection, config.limits, config.timing):
             if part is not None:
@@ -74,6 +79,8 @@ class RunConfig:
                 raise TypeError(mismatch(name, str, value))
         if not isinstance(config.trace, bool):
             raise TypeError(mismatch("trace", bool, config.trace))
+        if not isinstance(config.batch, int) or isinstance(config.batch, bool) or config.batch < 1:
+            raise ValueError(f"batch: expected a positive whole number, got {config.batch!r}")
         check_limits(config.limits)
         return config
 

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from harness import registry, torch_state
+from harness.axes import CONTROL_DTYPE
 from harness.case import Case, RunContext, Workload
 from harness.numerics import judge_leaves, within_tolerance
 from harness.perf import perf_figures
@@ -276,23 +277,34 @@ def compute_baseline(case_name: str, dtype: str) -> Baseline:
     return Baseline({leaf: n.rel_err for leaf, n in numerics.items()})
 
 
-def shared_figures(case_name: str, dtype: str) -> bytes | None:
-    """The case's reference and its baseline in ``dtype``, serialised for the process that
-    forked this one; None when the reference fix raised (each cell then records why)."""
+def shared_figures(case_name: str) -> bytes | None:
+    """The case's reference and its baseline in each of its low-precision dtypes,
+    serialised for the process that forked this one; None when the reference fix raised
+    (each cell then records why)."""
+    case = registry.get(case_name)
     try:
-        shared = (reference_leaves(case_name), baseline(case_name, dtype))
+        reference = reference_leaves(case_name)
+        dtypes = dict.fromkeys((*case.dtypes, CONTROL_DTYPE))  # the fp32 control's too
+        baselines = {dtype: baseline(case_name, dtype) for dtype in dtypes}
     except Exception:
         return None
     buffer = io.BytesIO()
-    torch.save({"reference": shared[0], "baseline": dataclasses.asdict(shared[1])}, buffer)
+    torch.save(
+        {
+            "reference": reference,
+            "baselines": {d: dataclasses.asdict(b) for d, b in baselines.items()},
+        },
+        buffer,
+    )
     return buffer.getvalue()
 
 
-def remember_shared(case_name: str, dtype: str, data: bytes) -> None:
+def remember_shared(case_name: str, data: bytes) -> None:
     """Keep what ``shared_figures`` computed in another process."""
     loaded = torch.load(io.BytesIO(data), weights_only=True)
     _REFERENCES[case_name] = loaded["reference"]
-    _BASELINES[case_name, dtype] = Baseline(**loaded["baseline"])
+    for dtype, figures in loaded["baselines"].items():
+        _BASELINES[case_name, dtype] = Baseline(**figures)
 
 
 def forget_shared() -> None:

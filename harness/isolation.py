@@ -2,7 +2,7 @@
 
 Children are forked from the worker (as pytest-forked does), which keeps everything a cell
 needs loaded and warm: the case modules, and the float64 reference and low-precision
-baseline of each case, computed once per case and dtype in a forked child of their own
+baseline of each case, computed once per case (every dtype) in a forked child of their own
 (single-threaded) and handed back, so a reference fix that crashes or changes torch's
 global settings never reaches the worker. A worker that never starts a thread pool is safe
 to fork (forking a process whose OpenMP pool is running can hang the child); the child then
@@ -24,7 +24,7 @@ import os
 import resource
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any
@@ -67,28 +67,27 @@ def settle_worker() -> str | None:
     return "the worker's " + torch_state.describe(changed) + " before this cell: put back"
 
 
-#: (case, dtype) -> why the process computing its reference and baseline gave no result,
-#: or None once they are known (or raised, which each cell then records with its frames).
-_SHARED: dict[tuple[str, str], str | None] = {}
+#: case -> why the process computing its reference and baselines gave no result, or None
+#: once they are known (or raised, which each cell then records with its frames).
+_SHARED: dict[str, str | None] = {}
 
 
 def warm_parent(cell: Cell, limits: Limits) -> str | None:
-    """Compute (and keep) what every cell of this case and dtype shares, in a forked child,
+    """Compute (and keep) what every cell of this case shares, in one forked child,
     single-threaded, before forking the cells: they inherit it instead of each recomputing
     it, and a reference fix that kills its process or changes torch's global settings
     cannot reach the worker. Returns why that child gave no result, if it did not. The
     dtype tracer's first-use imports are done here too."""
     torch.set_num_threads(1)
     trail.warm_up()
-    key = (cell.case, cell.dtype)
-    if key not in _SHARED:
-        _SHARED[key] = compute_shared(cell, limits)
-    return _SHARED[key]
+    if cell.case not in _SHARED:
+        _SHARED[cell.case] = compute_shared(cell, limits)
+    return _SHARED[cell.case]
 
 
 def compute_shared(cell: Cell, limits: Limits) -> str | None:
     forked = run_forked(
-        lambda: execute.shared_figures(cell.case, cell.dtype),
+        lambda: execute.shared_figures(cell.case),
         limits.timeout_s,
         1,
         limits.memory_bytes,
@@ -97,7 +96,7 @@ def compute_shared(cell: Cell, limits: Limits) -> str | None:
     if forked.failure is not None:
         return forked.failure
     if forked.value is not None:
-        execute.remember_shared(cell.case, cell.dtype, forked.value)
+        execute.remember_shared(cell.case, forked.value)
     return None
 
 
@@ -209,10 +208,7 @@ def run_cell_isolated(
     settled = settle_worker()
     shared_failure = warm_parent(cell, limits)
     if shared_failure is not None:
-        return execute.limit_record(
-            cell, Outcome.CRASHED, "ReferenceFailed", shared_failure, worker,
-            CrashKind.REFERENCE_FAILED,
-        )  # fmt: skip
+        return shared_failed(cell, shared_failure, worker)
     forked = run_forked(
         lambda: execute.run_cell(cell, worker, trace).to_dict(),
         limits.timeout_s,
@@ -222,11 +218,129 @@ def run_cell_isolated(
     if forked.failure is None:
         record = CellRecord.from_dict(forked.value)
         return replace(record, note=execute.join_notes(settled, record.note))
+    return failed_cell(cell, forked, worker)
+
+
+def run_cells_isolated(
+    cells: list[Cell],
+    worker: str,
+    limits_of: Callable[[Cell], Limits],
+    threads: int,
+    trace: bool = True,
+) -> Iterator[CellRecord]:
+    """Run cells of one case in order, all in one forked child, each record coming back as
+    its cell ends: one fork instead of one per cell. Each cell keeps its own time limit.
+    When a cell kills the child or overruns, it is recorded as such and every cell after it
+    runs in a child of its own (``run_cell_isolated``)."""
+    if len(cells) == 1:
+        yield run_cell_isolated(cells[0], worker, limits_of(cells[0]), threads, trace)
+        return
+    settled = settle_worker()
+    shared_failure = warm_parent(cells[0], limits_of(cells[0]))
+    if shared_failure is not None:
+        for cell in cells:
+            yield shared_failed(cell, shared_failure, worker)
+        return
+    stream = ForkedStream(
+        lambda send: run_cells_in_child(cells, worker, trace, send),
+        threads,
+        limits_of(cells[0]).memory_bytes,
+    )
+    with stream:
+        for n, cell in enumerate(cells):
+            got = stream.next(limits_of(cell).timeout_s)
+            if got.failure is None:
+                record = CellRecord.from_dict(got.value)
+                yield replace(record, note=execute.join_notes(settled, record.note))
+                continue
+            yield failed_cell(cell, got, worker)
+            for rest in cells[n + 1 :]:
+                yield run_cell_isolated(rest, worker, limits_of(rest), threads, trace)
+            return
+
+
+def run_cells_in_child(
+    cells: list[Cell], worker: str, trace: bool, send: Callable[[Any], None]
+) -> None:
+    for cell in cells:
+        send(execute.run_cell(cell, worker, trace).to_dict())
+
+
+def shared_failed(cell: Cell, failure: str, worker: str) -> CellRecord:
+    return execute.limit_record(
+        cell, Outcome.CRASHED, "ReferenceFailed", failure, worker, CrashKind.REFERENCE_FAILED
+    )
+
+
+def failed_cell(cell: Cell, forked: Forked, worker: str) -> CellRecord:
+    """The record of a cell whose process gave no record: it overran, or died."""
+    assert forked.failure is not None
     if forked.timed_out:
         return execute.limit_record(cell, Outcome.TIMEOUT, "Timeout", forked.failure, worker)
     return execute.limit_record(
         cell, Outcome.CRASHED, "ProcessDied", forked.failure, worker, CrashKind.PROCESS_DIED
     )
+
+
+class ForkedStream:
+    """A forked child that sends values one at a time (``work(send)``), read with a time
+    limit for each; a child that dies or overruns says how, and is killed."""
+
+    def __init__(
+        self, work: Callable[[Callable[[Any], None]], None], threads: int, memory: int | None
+    ) -> None:
+        context = multiprocessing.get_context("fork")
+        self.receive, send = context.Pipe(duplex=False)
+        self.child = context.Process(
+            target=_stream_child, args=(send, work, memory, threads, os.getpid())
+        )
+        self.child.start()
+        send.close()
+
+    def __enter__(self) -> ForkedStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.receive.close()
+        if self.child.is_alive():
+            self.child.kill()
+        self.child.join()
+
+    def next(self, timeout_s: float) -> Forked:
+        if self.receive.poll(timeout_s):
+            try:
+                ok, value = self.receive.recv()
+                if ok:
+                    return Forked(value=value)
+                return Forked(failure=f"the cell's process failed without a result: {value}")
+            except EOFError:
+                pass  # the child died before sending: below
+        elif self.child.is_alive():
+            self.child.kill()
+            self.child.join()
+            failure = f"no result after {timeout_s:g} s: the cell's process was killed"
+            return Forked(failure=failure, timed_out=True)
+        self.child.join()
+        return Forked(failure=describe_exit(self.child.exitcode))
+
+
+def _stream_child(
+    conn: Connection,
+    work: Callable[[Callable[[Any], None]], None],
+    memory_bytes: int | None,
+    threads: int,
+    parent: int,
+) -> None:
+    """In the child: like ``_child``, but each value is sent as soon as it exists."""
+    try:
+        die_with_parent(parent)
+        if memory_bytes:
+            resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))
+        torch.set_num_threads(threads)
+        work(lambda value: conn.send((True, value)))
+    except BaseException as error:  # everything goes back to the parent
+        conn.send((False, describe_error(error)))
+    conn.close()
 
 
 def time_column_isolated(

@@ -24,7 +24,7 @@ from harness.config import RunConfig
 from harness.isolation import (
     Limits,
     remember_worker_state,
-    run_cell_isolated,
+    run_cells_isolated,
     time_column_isolated,
 )
 from harness.records import Cell, CellRecord, CrashKind, Outcome, outcome_label
@@ -61,19 +61,19 @@ class PlanFile(pytest.File):
         config = RunConfig.of_run_plan(storage.read_run_plan(run_dir))
         registry.discover(config.cases_dirs)
         limits = config.limits
-        for data in plan["cells"]:
-            cell = Cell.from_dict(data)
-            cell_item = CellItem.from_parent(
+        for batch in plan.get("batches", []):
+            cells = [Cell.from_dict(data) for data in batch]
+            cells_item = CellsItem.from_parent(
                 self,
-                name=cell.id,
-                cell=cell,
+                name=batch_name(cells),
+                cells=cells,
                 run_dir=run_dir,
-                limits=limits_for(cell, limits),
+                limits=limits,
                 trace=config.trace,
             )
-            if cell.device.startswith("cuda"):  # one worker owns each GPU
-                cell_item.add_marker(pytest.mark.xdist_group(cell.device))
-            yield cell_item
+            if cells[0].device.startswith("cuda"):  # one worker owns each GPU
+                cells_item.add_marker(pytest.mark.xdist_group(cells[0].device))
+            yield cells_item
         timing = config.timing or TimingConfig()
         for name, column in plan.get("columns", {}).items():
             records = [CellRecord.from_dict(data) for data in column]
@@ -96,14 +96,19 @@ def limits_for(cell: Cell, limits: Limits) -> Limits:
     return replace(limits, timeout_s=own) if own else limits
 
 
-class CellItem(pytest.Item):
-    """Runs one cell in a process of its own (see ``harness.isolation``)."""
+def batch_name(cells: list[Cell]) -> str:
+    """An item's name: its cell's id, or the first cell's id and how many follow."""
+    return cells[0].id if len(cells) == 1 else f"{cells[0].id} +{len(cells) - 1}"
+
+
+class CellsItem(pytest.Item):
+    """Runs cells of one case, in order, in forked processes (``run_cells_isolated``)."""
 
     def __init__(
-        self, *, cell: Cell, run_dir: Path, limits: Limits, trace: bool, **kwargs: Any
+        self, *, cells: list[Cell], run_dir: Path, limits: Limits, trace: bool, **kwargs: Any
     ) -> None:
         super().__init__(**kwargs)
-        self.cell = cell
+        self.cells = cells
         self.run_dir = run_dir
         self.limits = limits
         self.trace = trace
@@ -111,15 +116,27 @@ class CellItem(pytest.Item):
     def runtest(self) -> None:
         threads = int(os.environ.get("AMPMATRIX_THREADS", "1"))
         worker = worker_id(self.config)
+        labels = []
+        for cell, record in zip(self.cells, self.records(worker, threads), strict=True):
+            append_or_stop(self, record)
+            labels.append((cell.id, progress_label(record)))
+        self.user_properties.append((OUTCOME_KEY, labels))
+
+    def records(self, worker: str, threads: int) -> Iterator[CellRecord]:
+        """Each cell's record as it ends; one the harness itself failed on says why."""
+        done = 0
         try:
-            record = run_cell_isolated(self.cell, worker, self.limits, threads, self.trace)
-        except Exception as error:  # the harness failed around the cell: record why
-            record = execute.harness_failure(self.cell, error, worker)
-        append_or_stop(self, record)
-        self.user_properties.append((OUTCOME_KEY, progress_label(record)))
+            for record in run_cells_isolated(
+                self.cells, worker, partial(limits_for, limits=self.limits), threads, self.trace
+            ):
+                done += 1
+                yield record
+        except Exception as error:  # the harness failed around the cells: record why
+            for cell in self.cells[done:]:
+                yield execute.harness_failure(cell, error, worker)
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
-        return self.path, None, self.cell.id
+        return self.path, None, self.name
 
 
 class TimingItem(pytest.Item):
@@ -158,7 +175,7 @@ class TimingItem(pytest.Item):
         return self.path, None, self.name
 
 
-def append_or_stop(item: CellItem | TimingItem, record: CellRecord) -> None:
+def append_or_stop(item: CellsItem | TimingItem, record: CellRecord) -> None:
     """Append the record; when it cannot be written (a full disk), the session stops after
     this item, which fails with the reason (the controller records nothing for it)."""
     try:
@@ -209,9 +226,12 @@ class Controller:
     died, or the harness broke on it) writes the records ``on_crash`` gives for that item
     from the failure message and the worker's name."""
 
-    def __init__(self, run_dir: Path, on_crash: dict[str, CrashRecords]) -> None:
+    def __init__(self, run_dir: Path, on_crash: dict[str, CrashRecords], units: int = 0) -> None:
         self.run_dir = run_dir
         self.on_crash = on_crash
+        #: Cells to count in the progress lines (0: count items, as the timing phase does).
+        self.units = units
+        self.done = 0
         self.finished: set[str] = set()
         #: Why a record could not be written, when one could not (the run then stops).
         self.not_written: str | None = None
@@ -224,7 +244,12 @@ class Controller:
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call" and report.passed:
-            self._progress(report, str(dict(report.user_properties).get(OUTCOME_KEY, "?")))
+            outcome = dict(report.user_properties).get(OUTCOME_KEY, "?")
+            if isinstance(outcome, list):  # a batch of cells: a line for each
+                for cell_id, label in outcome:
+                    self._progress(report, label, cell_id)
+            else:
+                self._progress(report, str(outcome))
         elif report.failed:
             self._record_crash(report)
 
@@ -239,12 +264,14 @@ class Controller:
         gateway = getattr(getattr(report, "node", None), "gateway", None)
         worker = str(getattr(gateway, "id", "main"))
         try:
-            for record in self.on_crash[name](message, worker):
+            crashed = self.on_crash[name](message, worker)
+            for record in crashed:
                 storage.append_record(self.run_dir, record)
         except storage.RecordNotWritten as error:
             self._stop(report, str(error))
             return
-        self._progress(report, "crashed")
+        for record in crashed:
+            self._progress(report, "crashed", record.cell.id if self.units else None)
 
     def _stop(self, report: pytest.TestReport, why: str) -> None:
         """A record could not be written: say so, and start no further item."""
@@ -253,11 +280,14 @@ class Controller:
         if self.session is not None:
             stop_session(self.session, why)
 
-    def _progress(self, report: pytest.TestReport, label: str) -> None:
+    def _progress(self, report: pytest.TestReport, label: str, cell_id: str | None = None) -> None:
+        """One line per cell (correctness) or per column (timing), numbered."""
         name = item_name(report)
         self.finished.add(name)
-        width = len(str(len(self.on_crash)))
-        print(f"[{len(self.finished):>{width}}/{len(self.on_crash)}] {name}  {label}", flush=True)
+        self.done += 1
+        total = self.units or len(self.on_crash)
+        width = len(str(total))
+        print(f"[{self.done:>{width}}/{total}] {cell_id or name}  {label}", flush=True)
 
 
 def crash_message(report: pytest.TestReport) -> str:
@@ -270,16 +300,21 @@ def item_name(report: pytest.TestReport) -> str:
     return report.nodeid.rsplit("::", 1)[-1]
 
 
-def cell_crashes(cells: list[Cell]) -> dict[str, CrashRecords]:
-    """Correctness phase: a cell whose item fails is recorded as ``crashed``."""
-    return {cell.id: partial(crashed_cell, cell) for cell in cells}
+def cell_crashes(run_dir: Path, batches: list[list[Cell]]) -> dict[str, CrashRecords]:
+    """Correctness phase: when a batch's item fails (its worker died), the first of its
+    cells without a record is the one that was running: it is recorded as ``crashed``. The
+    cells after it never ran; the run gives them a pass of their own (``run.execute_cells``)."""
+    return {batch_name(cells): partial(crashed_cell, run_dir, cells) for cells in batches}
 
 
-def crashed_cell(cell: Cell, message: str, worker: str) -> list[CellRecord]:
-    """The item failed without a record: its worker process died under it."""
+def crashed_cell(run_dir: Path, cells: list[Cell], message: str, worker: str) -> list[CellRecord]:
+    recorded = {r.cell for r in storage.read_records(run_dir, problems=[])}
+    running = next((cell for cell in cells if cell not in recorded), None)
+    if running is None:
+        return []
     return [
         execute.limit_record(
-            cell, Outcome.CRASHED, "WorkerDied", message, worker, CrashKind.WORKER_DIED
+            running, Outcome.CRASHED, "WorkerDied", message, worker, CrashKind.WORKER_DIED
         )
     ]
 

@@ -150,9 +150,9 @@ def discover(extra_dirs: Iterable[Path] = (), probe: bool = False) -> Discovery:
         folders.append(Path(directory).resolve())
         if folders[-1] != BUILTIN_CASES_DIR:
             importable_siblings(Path(directory))
+            if probe:
+                probe_imports(paths)
         for path in paths:
-            if probe and folders[-1] != BUILTIN_CASES_DIR:
-                probe_import(path)
             modules[str(path)] = _import_case_module(path)
     return Discovery(modules)
 
@@ -195,27 +195,30 @@ def _import_case_module(path: Path) -> tuple[str, ...]:
     return added
 
 
-def probe_import(path: Path) -> None:
-    """Import a case module in a forked child first; raise CaseContractError when the
-    import ended the child (errors it raises are reported by the real import)."""
-    if path.parent == BUILTIN_CASES_DIR or _module_name_for(path) in sys.modules:
+def probe_imports(paths: list[Path]) -> None:
+    """Import a folder's case modules in one forked child first, in order, the child
+    reporting each module it survived; raise CaseContractError naming the module whose
+    import ended the child (errors the imports raise are reported by the real imports)."""
+    todo = [p for p in paths if _module_name_for(p) not in sys.modules]
+    if not todo:
         return
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: import, say it survived, leave without cleanup
+    if pid == 0:  # the child: import each, say it survived, leave without cleanup
         os.close(read)
-        with suppress(BaseException):
-            _load_module(_module_name_for(path), path)
-        os.write(write, b"1")
+        for number, path in enumerate(todo):
+            with suppress(BaseException):
+                _load_module(_module_name_for(path), path)
+            os.write(write, number.to_bytes(4, "big"))
         os._exit(0)
     os.close(write)
     with os.fdopen(read, "rb") as pipe:
-        survived = pipe.read(1) == b"1"
+        survived = len(pipe.read()) // 4
     _, status = os.waitpid(pid, 0)
-    if not survived:
+    if survived < len(todo):
         code = os.waitstatus_to_exitcode(status)
         how = f"exit code {code}" if code >= 0 else f"signal {-code}"
-        raise CaseContractError(f"{path}: ended the process importing it ({how})")
+        raise CaseContractError(f"{todo[survived]}: ended the process importing it ({how})")
 
 
 def _module_name_for(path: Path) -> str:

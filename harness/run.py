@@ -127,15 +127,45 @@ def run_pytest(args: list[str], controller: Controller, threads: int) -> int:
     return code
 
 
+def batches_of(cells: Sequence[Cell], size: int) -> list[list[Cell]]:
+    """Consecutive cells of one case and device, at most ``size`` to a batch: a batch runs
+    in one forked process (see ``isolation.run_cells_isolated``)."""
+    batches: list[list[Cell]] = []
+    for cell in cells:
+        last = batches[-1] if batches else None
+        same = last and (last[0].case, last[0].device) == (cell.case, cell.device)
+        if last and same and len(last) < size:
+            last.append(cell)
+        else:
+            batches.append([cell])
+    return batches
+
+
 def execute_cells(run_dir: Path, plan: Plan, workers: int, config: RunConfig) -> int:
-    """Correctness phase: run the cells as pytest items; returns pytest's exit code."""
+    """Correctness phase: run the cells as pytest items, a batch of one case's cells to an
+    item; cells a dead worker left without a record get a second pass, one to an item.
+    Returns pytest's exit code."""
     if not plan.to_run:
         return 0
-    cells = [cell.to_dict() for cell in plan.to_run]
-    plan_path = write_plan(run_dir, storage.PLAN_FILE, cells=cells)
-    controller = Controller(run_dir, cell_crashes(plan.to_run))
-    grouped = any(c.device.startswith("cuda") for c in plan.to_run)
-    args = pytest_args(plan_path, workers, grouped, items=len(cells))
+    code = run_batches(run_dir, batches_of(plan.to_run, config.batch), workers)
+    recorded = {r.cell for r in storage.read_records(run_dir, problems=[])}
+    left = [cell for cell in plan.to_run if cell not in recorded]
+    if left and config.batch > 1:
+        code = max(code, run_batches(run_dir, [[cell] for cell in left], workers))
+    return code
+
+
+def run_batches(run_dir: Path, batches: list[list[Cell]], workers: int) -> int:
+    plan_path = write_plan(
+        run_dir,
+        storage.PLAN_FILE,
+        batches=[[cell.to_dict() for cell in batch] for batch in batches],
+    )
+    units = sum(len(batch) for batch in batches)
+    controller = Controller(run_dir, cell_crashes(run_dir, batches), units)
+    grouped = any(batch[0].device.startswith("cuda") for batch in batches)
+    workers = min(workers, len(batches))
+    args = pytest_args(plan_path, workers, grouped, items=len(batches))
     return run_pytest(args, controller, threads_per_worker(workers))
 
 
@@ -177,7 +207,6 @@ def time_cells(run_dir: Path, config: RunConfig) -> int:
     plan_path = write_plan(
         run_dir,
         storage.TIMING_PLAN_FILE,
-        cells=[],
         columns={name: [r.to_dict() for r in rs] for name, rs in columns.items()},
     )
     devices = {r.cell.device for r in records}

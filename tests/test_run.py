@@ -85,7 +85,8 @@ def test_gpu_cells_are_grouped_per_device_in_the_correctness_phase(
         {"config": RunConfig().to_dict(), "cells": cells, "skipped": []},
     )
     plan = pytester.path / storage.PLAN_FILE
-    plan.write_text(json.dumps({"run_dir": str(pytester.path), "cells": cells}))
+    batches = [[cell] for cell in cells]
+    plan.write_text(json.dumps({"run_dir": str(pytester.path), "batches": batches}))
     items, _ = pytester.inline_genitems(str(plan), "-p", "harness.pytest_plugin")
     groups = {item.name: [m.args[0] for m in item.iter_markers("xdist_group")] for item in items}
     assert groups == {
@@ -93,6 +94,23 @@ def test_gpu_cells_are_grouped_per_device_in_the_correctness_phase(
         "c[none,cuda:0,float16,half,sdpa]": ["cuda:0"],
         "c[none,cuda:1,float16,half,sdpa]": ["cuda:1"],
     }
+
+
+def test_cells_are_batched_by_case_and_device_in_plan_order() -> None:
+    def cell(case: str, fix: str, device: str = "cpu") -> Cell:
+        return Cell(case, fix, device, "float16", "half", "sdpa")
+
+    cells = [cell("a", f) for f in "pqrst"] + [cell("a", "p", "cuda:0"), cell("b", "p")]
+    batches = run.batches_of(cells, size=2)
+    assert [[c.fix for c in batch] for batch in batches] == [
+        ["p", "q"],
+        ["r", "s"],
+        ["t"],
+        ["p"],
+        ["p"],
+    ]
+    assert [batch[0].device for batch in batches[3:]] == ["cuda:0", "cpu"]
+    assert run.batches_of(cells, size=1) == [[c] for c in cells]
 
 
 def test_cuda_devices_are_timed_with_events_and_cpu_with_the_host_clock() -> None:
