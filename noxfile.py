@@ -321,9 +321,11 @@ def install_browser(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Benchmark of the harness itself: timer agreement, overhead, wall time, repeatability,
-    and report rendering over a thousand cells."""
+    the correctness phase against plain pytest-xdist, and report rendering over 1k, 10k and
+    100k cells."""
     install_with_torch(session, DEFAULT_TORCH, "-e", ".", *lightning_requirements(DEFAULT_TORCH))
     session.run("python", "benchmarks/bench_harness.py", *session.posargs)
+    session.run("python", "benchmarks/bench_overhead.py")
     session.run("python", "benchmarks/bench_report.py")
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TOY = ROOT / "tests" / "fixtures" / "cases" / "toy_mixed_matmul.py"
 
-PLAIN_TEST = '''
+PLAIN_TEST = """
 import pytest
 from harness import execute, registry
 from harness.matrix import Selection, expand
@@ -41,7 +41,7 @@ CELLS = expand(registry.all_cases(), Selection(cases=tuple(__NAMES__), devices=(
 @pytest.mark.parametrize("cell", CELLS, ids=[c.id for c in CELLS])
 def test_cell(cell):
     assert execute.run_cell(cell).outcome is not None
-'''
+"""
 
 
 def write_toy_cases(folder: Path, count: int) -> list[str]:
