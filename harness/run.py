@@ -228,6 +228,8 @@ def finish_run(run_dir: Path, exit_code: int, workers: int, config: RunConfig) -
         config=config.to_dict(),
         peak_gflops=measured_peaks(records),
         peak_measured_at=peak_dates(records),
+        # how loaded the machine was over the run's last minutes (timing noise's usual cause)
+        load_average=list(os.getloadavg()),
     )
     storage.write_env(run_dir, env)
 

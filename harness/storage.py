@@ -220,6 +220,7 @@ ENV_FIELDS: dict[str, Any] = {
         int,
     ),
     **dict.fromkeys(("gpus", "resumed"), list),
+    "load_average": list[float],
     **dict.fromkeys(
         ("packages", "flags", "timing", "config", "peak_gflops", "peak_measured_at"), dict
     ),

@@ -167,6 +167,21 @@ def precision_line(records: Sequence[CellRecord]) -> str | None:
     return "  computes in: " + "; ".join(parts)
 
 
+def noise_statement(timings: Sequence[tuple[bool, float]]) -> str | None:
+    """What the noisy timings mean, from (noisy, IQR / median) per timed cell; None when
+    every timing settled."""
+    spreads = sorted(spread for noisy, spread in timings if noisy)
+    if not spreads:
+        return None
+    typical = spreads[len(spreads) // 2]
+    return (
+        f"noise: {len(spreads)} of {len(timings)} timed cells did not settle (their IQR stayed "
+        f"above 3% of the median; typically {typical:.0%}): speed ratios within "
+        f"{1 + typical:.2f}x of each other do not separate those fixes. A loaded machine is "
+        "the usual cause; time again on a quiet one."
+    )
+
+
 def render_summary(records: Sequence[CellRecord]) -> str:
     """The whole summary: tables per case (outcomes, then speed), counts, skip reasons."""
     lines: list[str] = []
@@ -183,6 +198,11 @@ def render_summary(records: Sequence[CellRecord]) -> str:
             lines += [CPU_SPEED_NOTE, ""] if on_cpu else [""]
     counts = Counter(r.outcome.value for r in records)
     lines.append("outcomes: " + ", ".join(f"{n} {o}" for o, n in sorted(counts.items())))
+    noise = noise_statement(
+        [(r.perf.time_noisy, r.perf.time_iqr_s / r.perf.time_median_s) for r in records if r.perf]
+    )
+    if noise:
+        lines.append(noise)
     lines += skipped_lines(records)
     lines += [LEGEND, MODES_LEGEND]
     return "\n".join(lines)

@@ -39,6 +39,9 @@ class TimingConfig:
     #: Wall time allowed for sampling, after warm-up.
     budget_s: float = 0.5
     flush_l2: bool = False
+    #: Stop early, as noisy, once the worst spread has not shrunk by a tenth for this many
+    #: rounds: on a loaded machine more samples do not settle it, they only spend the budget.
+    plateau_rounds: int = 20
 
 
 @dataclass(frozen=True)
@@ -173,17 +176,37 @@ def measure_interleaved(
     samples: list[list[float]] = [[] for _ in fns]
     budget = config.budget_s * len(fns)
     started = clock()
+    plateau = Plateau(config.plateau_rounds)
     while len(samples[0]) < config.max_samples:
         for fn, block, mine in zip(fns, blocks, samples, strict=True):
             mine.append(watch.time_block(fn, block) / block)
-        if len(samples[0]) >= config.min_samples and (
-            all(converged(s, config) for s in samples) or clock() - started >= budget
-        ):
+        if len(samples[0]) < config.min_samples:
+            continue
+        if all(converged(s, config) for s in samples) or clock() - started >= budget:
+            break
+        if plateau.reached(max(spread_of(s) for s in samples)):
             break
     return [
         summarize(s, block, noisy=not converged(s, config), timer=watch.name)
         for s, block in zip(samples, blocks, strict=True)
     ]
+
+
+class Plateau:
+    """Whether the worst spread has stopped shrinking: no round in the last ``rounds`` has
+    brought it a tenth below the best seen before them."""
+
+    def __init__(self, rounds: int) -> None:
+        self.rounds = rounds
+        self.best = math.inf
+        self.since_better = 0
+
+    def reached(self, spread: float) -> bool:
+        if spread < self.best * 0.9:
+            self.best, self.since_better = spread, 0
+        else:
+            self.since_better += 1
+        return self.rounds > 0 and self.since_better >= self.rounds
 
 
 def converged(samples: list[float], config: TimingConfig) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from harness.records import Cell, CellRecord, Outcome
-from harness.summary import render_summary
+from harness.summary import noise_statement, render_summary
 
 
 def record(
@@ -99,3 +99,11 @@ def test_a_raising_cell_shows_its_dtype_trail() -> None:
         "aten::mul in blocks.0.attn (models/x.py:123), fails at aten::_flash_attention_forward "
         "[float32] in blocks.0.attn (models/x.py:130)"
     ) in lines
+
+
+def test_noisy_timings_come_with_what_they_mean() -> None:
+    statement = noise_statement([(True, 0.12), (False, 0.01), (True, 0.2), (True, 0.1)])
+    assert statement is not None
+    assert statement.startswith("noise: 3 of 4 timed cells did not settle")
+    assert "typically 12%" in statement and "within 1.12x" in statement
+    assert noise_statement([(False, 0.01)]) is None

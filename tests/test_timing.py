@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
+from dataclasses import replace
 
 import pytest
 
 from harness.timing import (
     ClockStopwatch,
+    Plateau,
     Timing,
     TimingConfig,
     block_size,
@@ -137,3 +139,24 @@ def test_interleaving_goes_on_until_every_function_is_stable() -> None:
     assert steady_t.count == jumpy_t.count  # the steady one kept sampling alongside
     assert not steady_t.noisy and jumpy_t.noisy
     assert clock.now >= 2 * config.budget_s  # the budget is per function
+
+
+def test_a_spread_that_stops_shrinking_ends_sampling_early_as_noisy() -> None:
+    """On a loaded machine the spread settles above the threshold: sampling stops once it
+    has not shrunk for ``plateau_rounds`` rounds instead of spending the whole budget."""
+    config = TimingConfig(
+        warmup_s=0.0, min_warmup_calls=1, min_block_s=0.0, min_samples=5, budget_s=100.0,
+        max_samples=500, plateau_rounds=10,
+    )  # fmt: skip
+    clock = FakeClock(itertools.cycle([0.001, 0.003]))
+    timing = run(clock, config)
+    assert timing.noisy
+    assert timing.count < 30  # min_samples, a few rounds to settle, then 10 flat ones
+    unbounded = run(FakeClock(itertools.cycle([0.001, 0.003])), replace(config, plateau_rounds=0))
+    assert unbounded.count == 500
+
+
+def test_a_spread_still_shrinking_is_not_a_plateau() -> None:
+    plateau = Plateau(rounds=3)
+    assert not any(plateau.reached(spread) for spread in (1.0, 0.5, 0.25, 0.1, 0.05))
+    assert [plateau.reached(0.05) for _ in range(3)] == [False, False, True]

@@ -25,6 +25,7 @@ from harness.records import DRIFT, LABELS
 from harness.report import aggregate, plots
 from harness.report.aggregate import Run
 from harness.report.compare import Comparison
+from harness.summary import noise_statement
 
 LEGEND = (
     *((label.text, label.css, label.meaning) for label in LABELS),
@@ -234,6 +235,7 @@ def environment_facts(run: Run) -> list[tuple[str, str]]:
         "cuda_driver",
         "cpu",
         "cpu_count",
+        "load_average",
         "torch_num_threads",
         "workers",
         "threads_per_worker",
@@ -286,6 +288,15 @@ def version_rows(frame: pd.DataFrame) -> dict[str, Any]:
     }
 
 
+def noise_of(frame: pd.DataFrame) -> str | None:
+    """The summary's noise statement over the timed cells of the report."""
+    if frame.empty:
+        return None
+    timed = frame[frame["median_s"].notna() & (frame["median_s"] > 0)]
+    pairs = zip(timed["noisy"], timed["iqr_s"] / timed["median_s"], strict=True)
+    return noise_statement([(bool(noisy), float(spread)) for noisy, spread in pairs])
+
+
 def render_report(runs: Sequence[Run], comparison: Comparison | None = None) -> str:
     frame = aggregate.records_frame(runs)
     metadata: dict[str, dict[str, Any]] = {}
@@ -304,6 +315,7 @@ def render_report(runs: Sequence[Run], comparison: Comparison | None = None) -> 
             for run in runs
         ],
         "problems": problems,
+        "noise": noise_of(frame),
         "legend": LEGEND,
         "modes": [(mode.name, mode.meaning) for mode in MODES.values()],
         "matrix": matrix_view(frame) if not frame.empty else MatrixView([], [], []),
