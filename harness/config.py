@@ -59,7 +59,7 @@ class RunConfig:
         timing = data.get("timing")
         config = cls(
             selection=Selection(**selection),
-            cases_dirs=tuple(Path(d) for d in strings(data.get("cases_dirs"), "cases_dirs")),
+            cases_dirs=absolute_paths(data.get("cases_dirs"), "cases_dirs"),
             results_root=Path(data.get("results_root") or "results"),
             workers=data.get("workers", "auto"),
             command=strings(data.get("command"), "command"),
@@ -107,3 +107,13 @@ def check_limits(limits: Limits) -> None:
         raise ValueError(
             f"limits.memory_bytes: expected a positive number, got {limits.memory_bytes}"
         )
+
+
+def absolute_paths(value: Any, name: str) -> tuple[Path, ...]:
+    """A run plan names its case folders by absolute path (``to_dict`` resolves them); a
+    relative one would be read against whatever folder ``--resume`` runs in."""
+    paths = tuple(Path(p) for p in strings(value, name))
+    for i, path in enumerate(paths):
+        if not path.is_absolute():
+            raise ValueError(f"{name}[{i}]: expected an absolute path, got {str(path)!r}")
+    return paths

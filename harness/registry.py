@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import TypeVar
 
 from harness.axes import BACKENDS, COMPILE_MODES, DEVICE_KINDS, DTYPES, MODES
@@ -23,6 +24,8 @@ CASE_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 BUILTIN_CASES_DIR = Path(__file__).resolve().parent.parent / "cases"
 
 _REGISTRY: dict[str, Case] = {}
+#: The module object each case was registered from.
+_MODULES: dict[str, ModuleType] = {}
 
 C = TypeVar("C", bound=type[Case])
 
@@ -36,13 +39,22 @@ def register(cls: C) -> C:
     case = cls()
     case.source_file = sys.modules[cls.__module__].__file__ or cls.__module__
     problems = contract_problems(case)
-    if case.name in _REGISTRY:
+    module = sys.modules[cls.__module__]
+    if case.name in _REGISTRY and not reimported(case, module):
         other = _REGISTRY[case.name].source_file
         problems.append(f"duplicate case name {case.name!r} (already registered by {other})")
     if problems:
         raise CaseContractError(f"{case.source_file}: " + "; ".join(problems))
     _REGISTRY[case.name] = case
+    _MODULES[case.name] = module
     return cls
+
+
+def reimported(case: Case, module: ModuleType) -> bool:
+    """The same file run again as a new module (its old module was dropped from
+    ``sys.modules``): the case replaces its earlier self rather than duplicating it."""
+    earlier = _REGISTRY[case.name]
+    return earlier.source_file == case.source_file and _MODULES.get(case.name) is not module
 
 
 def contract_problems(case: Case) -> list[str]:

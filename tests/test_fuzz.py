@@ -14,6 +14,7 @@ import os
 import random
 import re
 import shutil
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -163,8 +164,9 @@ def quick_plots(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_damaged_runs_are_read_with_every_problem_named_never_a_traceback(
-    tmp_path: Path, quick_plots: None
+    tmp_path: Path, quick_plots: None, clean_registry: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(sys, "path", list(sys.path))  # case folders a run plan names
     rng = random.Random(SEED)
     pristine = base_run(tmp_path / "pristine")
     other = base_run(tmp_path / "other", records=4)
