@@ -137,6 +137,7 @@ def all_cases() -> list[Case]:
 def clear() -> None:
     """Empty the registry (tests use this)."""
     _REGISTRY.clear()
+    _MODULES.clear()
 
 
 @dataclass(frozen=True)
@@ -186,7 +187,7 @@ def importable_siblings(directory: Path) -> None:
 
 
 def _import_case_module(path: Path) -> tuple[str, ...]:
-    before = set(_REGISTRY)
+    before = dict(_REGISTRY)
     module_name = _module_name_for(path)
     if module_name in sys.modules:
         registered = tuple(n for n, c in _REGISTRY.items() if c.source_file == str(path))
@@ -201,7 +202,8 @@ def _import_case_module(path: Path) -> tuple[str, ...]:
         raise CaseContractError(f"{path}: called sys.exit({error.code!r}) at import") from error
     except Exception as error:
         raise CaseContractError(f"{path}: failed to import: {error!r}") from error
-    added = tuple(sorted(set(_REGISTRY) - before))
+    # new names, and names the module registered again (run anew, it replaces its cases)
+    added = tuple(sorted(n for n, case in _REGISTRY.items() if before.get(n) is not case))
     if len(added) != 1:
         raise CaseContractError(f"{path}: registers {len(added)} cases, expected exactly one")
     return added
