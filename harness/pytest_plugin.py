@@ -1,9 +1,11 @@
 """Cells as pytest items, so pytest-xdist spreads them over worker processes.
 
 The runner writes the plan (``plan.json``) into the run directory and hands it to pytest.
-Each item runs one cell and appends its record at once. An item fails only when the harness
-itself broke or the worker process died; the controller then records the cell as
-``crashed``, and the run goes on.
+Each item runs a batch of one case's cells (one forked process for the batch) and appends
+each record as its cell ends. An item fails only when the harness itself broke or the
+worker process died; the controller then records the cell that was running as
+``crashed``, the runner gives the batch's other cells a pass of their own, and the run
+goes on.
 """
 
 from __future__ import annotations
