@@ -317,8 +317,9 @@ MAX_MISSING_SHOWN = 20
 def show_run(run_dir: Path, report_dir: Path | None) -> int:
     """The summary of a finished run, its path, and its report when asked for. A run
     that left planned cells without a record names them and exits ``INCOMPLETE``."""
+    records = storage.read_records(run_dir)
     print()
-    print(render_summary(storage.read_records(run_dir)))
+    print(render_summary(records))
     print(f"\nresults: {run_dir / storage.CELLS_FILE}")
     if report_dir:
         from harness.report.aggregate import load_run
@@ -328,7 +329,7 @@ def show_run(run_dir: Path, report_dir: Path | None) -> int:
             render_report([load_run(run_dir)]), report_dir / f"{run_dir.name}.html"
         )
         print(f"report:  {report}")
-    return report_missing(run_dir, missing_cells(run_dir))
+    return report_missing(run_dir, missing_cells(run_dir, records))
 
 
 def report_missing(run_dir: Path, missing: Sequence[Cell]) -> int:

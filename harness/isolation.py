@@ -24,7 +24,8 @@ import os
 import resource
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
+from contextlib import closing
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any
@@ -110,27 +111,6 @@ class Forked:
     timed_out: bool = False
 
 
-def _child(
-    conn: Connection,
-    work: Callable[[], Any],
-    memory_bytes: int | None,
-    threads: int,
-    parent: int,
-) -> None:
-    """In the child: set limits, do the work, send its value back, or what stopped it (any
-    exception the work let out, ``KeyboardInterrupt`` and ``SystemExit`` included)."""
-    try:
-        die_with_parent(parent)
-        if memory_bytes:
-            resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))
-        torch.set_num_threads(threads)
-        result = (True, work())
-    except BaseException as error:  # everything goes back to the parent
-        result = (False, describe_error(error))
-    conn.send(result)
-    conn.close()
-
-
 PR_SET_PDEATHSIG = 1
 
 
@@ -172,53 +152,16 @@ def run_forked(
 ) -> Forked:
     """``work()`` in a forked child (nothing is pickled on the way in; its value is on the
     way back), killed after ``timeout_s``; a child that dies says how."""
-    context = multiprocessing.get_context("fork")
-    receive, send = context.Pipe(duplex=False)
-    # Not a daemon: inductor's compile workers are children of the child (torch 2.1-2.3).
-    child = context.Process(target=_child, args=(send, work, memory_bytes, threads, os.getpid()))
-    child.start()
-    send.close()
-    try:
-        if receive.poll(timeout_s):
-            try:
-                ok, value = receive.recv()
-                if ok:
-                    return Forked(value=value)
-                return Forked(failure=f"{whose} failed without a result: {value}")
-            except EOFError:
-                pass  # the child died before sending: a crash, below
-        elif child.is_alive():
-            child.kill()
-            child.join()
-            return Forked(failure=f"no result after {timeout_s:g} s: {whose} was killed",
-                          timed_out=True)  # fmt: skip
-        child.join()
-        return Forked(failure=describe_exit(child.exitcode, whose))
-    finally:
-        receive.close()
-        if child.is_alive():
-            child.kill()
-            child.join()
+    with ForkedStream(lambda send: send(work()), threads, memory_bytes, whose) as stream:
+        return stream.next(timeout_s)
 
 
 def run_cell_isolated(
     cell: Cell, worker: str, limits: Limits, threads: int, trace: bool = True
 ) -> CellRecord:
     """Run one cell in a child process, within its limits; always returns a record."""
-    settled = settle_worker()
-    shared_failure = warm_parent(cell, limits)
-    if shared_failure is not None:
-        return shared_failed(cell, shared_failure, worker)
-    forked = run_forked(
-        lambda: execute.run_cell(cell, worker, trace).to_dict(),
-        limits.timeout_s,
-        threads,
-        limits.memory_bytes,
-    )
-    if forked.failure is None:
-        record = CellRecord.from_dict(forked.value)
-        return replace(record, note=execute.join_notes(settled, record.note))
-    return failed_cell(cell, forked, worker)
+    with closing(run_cells_isolated([cell], worker, lambda _: limits, threads, trace)) as one:
+        return next(one)
 
 
 def run_cells_isolated(
@@ -227,14 +170,11 @@ def run_cells_isolated(
     limits_of: Callable[[Cell], Limits],
     threads: int,
     trace: bool = True,
-) -> Iterator[CellRecord]:
+) -> Generator[CellRecord, None, None]:
     """Run cells of one case in order, all in one forked child, each record coming back as
     its cell ends: one fork instead of one per cell. Each cell keeps its own time limit.
     When a cell kills the child or overruns, it is recorded as such and every cell after it
     runs in a child of its own (``run_cell_isolated``)."""
-    if len(cells) == 1:
-        yield run_cell_isolated(cells[0], worker, limits_of(cells[0]), threads, trace)
-        return
     settled = settle_worker()
     shared_failure = warm_parent(cells[0], limits_of(cells[0]))
     if shared_failure is not None:
@@ -287,12 +227,18 @@ class ForkedStream:
     limit for each; a child that dies or overruns says how, and is killed."""
 
     def __init__(
-        self, work: Callable[[Callable[[Any], None]], None], threads: int, memory: int | None
+        self,
+        work: Callable[[Callable[[Any], None]], None],
+        threads: int,
+        memory: int | None,
+        whose: str = "the cell's process",
     ) -> None:
         context = multiprocessing.get_context("fork")
+        self.whose = whose
         self.receive, send = context.Pipe(duplex=False)
+        # Not a daemon: inductor's compile workers are children of the child (torch 2.1-2.3).
         self.child = context.Process(
-            target=_stream_child, args=(send, work, memory, threads, os.getpid())
+            target=_child, args=(send, work, memory, threads, os.getpid())
         )
         self.child.start()
         send.close()
@@ -312,26 +258,28 @@ class ForkedStream:
                 ok, value = self.receive.recv()
                 if ok:
                     return Forked(value=value)
-                return Forked(failure=f"the cell's process failed without a result: {value}")
+                return Forked(failure=f"{self.whose} failed without a result: {value}")
             except EOFError:
                 pass  # the child died before sending: below
         elif self.child.is_alive():
             self.child.kill()
             self.child.join()
-            failure = f"no result after {timeout_s:g} s: the cell's process was killed"
+            failure = f"no result after {timeout_s:g} s: {self.whose} was killed"
             return Forked(failure=failure, timed_out=True)
         self.child.join()
-        return Forked(failure=describe_exit(self.child.exitcode))
+        return Forked(failure=describe_exit(self.child.exitcode, self.whose))
 
 
-def _stream_child(
+def _child(
     conn: Connection,
     work: Callable[[Callable[[Any], None]], None],
     memory_bytes: int | None,
     threads: int,
     parent: int,
 ) -> None:
-    """In the child: like ``_child``, but each value is sent as soon as it exists."""
+    """In the child: set limits, do the work, sending each value as soon as it exists, or
+    what stopped it (any exception the work let out, ``KeyboardInterrupt`` and
+    ``SystemExit`` included)."""
     try:
         die_with_parent(parent)
         if memory_bytes:

@@ -254,10 +254,13 @@ def peak_dates(records: Sequence[CellRecord]) -> dict[str, dict[str, str]]:
     return dates
 
 
-def missing_cells(run_dir: Path) -> list[Cell]:
-    """The cells of the run's plan (to run or skipped) that have no record."""
+def missing_cells(run_dir: Path, records: Sequence[CellRecord] | None = None) -> list[Cell]:
+    """The cells of the run's plan (to run or skipped) that have no record; ``records``
+    when the caller has read them already."""
     _, planned, skipped = saved_plan(run_dir)
-    recorded = {record.cell for record in storage.read_records(run_dir, problems=[])}
+    if records is None:
+        records = storage.read_records(run_dir, problems=[])
+    recorded = {record.cell for record in records}
     return [cell for cell in [*planned, *(c for c, _ in skipped)] if cell not in recorded]
 
 

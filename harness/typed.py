@@ -13,6 +13,7 @@ import dataclasses
 import types
 import typing
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 Check = Callable[[Any, str], "str | None"]
@@ -42,8 +43,10 @@ def type_problem(value: Any, hint: Any, name: str) -> str | None:
     return compiled(hint)(value, name)
 
 
+@cache
 def compiled(hint: Any) -> Check:
-    """A function telling why a value does not fit ``hint``, or None when it does."""
+    """A function telling why a value does not fit ``hint``, or None when it does (built
+    once per hint: readers check every field of every record)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         if all(_is_scalar(arg) for arg in args):
