@@ -10,10 +10,10 @@ SDPA on the fresh float32 K/V and only writes the cache; the first decode step g
 ``cache.update()``'s half slices and ``F.scaled_dot_product_attention`` refuses the mix.
 
 The block below is one decoder self-attention sublayer as upstream runs it for inference:
-a CFG pair (batch 2), GQA heads, RoPE, ``scale=1.0``, causal prefill of ``PREFILL`` tokens,
-then ``DECODE`` single-token steps through ``cache.update()``. The output compared is the
-self-attention output (``o_proj``, before the residual add) of prefill and decode steps,
-concatenated along the sequence. Two departures, neither touching dtypes: the cache's
+a CFG pair (batch 2), GQA heads, RoPE, ``scale=1.0``, causal prefill of ``dims.prefill``
+tokens, then ``dims.decode`` single-token steps through ``cache.update()``. The output
+compared is the self-attention output (``o_proj``, before the residual add) of prefill and
+decode steps, concatenated along the sequence. Two departures, neither touching dtypes: the cache's
 ``prefill`` sets ``current_idx`` to the prefill length (the next write goes after it), and
 on torch without SDPA's ``enable_gqa`` (< 2.5) K/V heads are repeated before the call.
 """
@@ -27,16 +27,29 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.case import Case, FailureSignature, RunContext, Upstream, Workload, fix
+from harness.case import Case, FailureSignature, RunContext, Size, Upstream, Workload, fix
 from harness.registry import register
 
-BATCH = 2  # upstream's CFG pair: unconditional and conditional
-EMBED_DIM = 128
-QUERY_HEADS = 4
-KV_HEADS = 2
-HEAD_DIM = 32
-PREFILL = 12
-DECODE = 4
+
+@dataclass(frozen=True)
+class Dims:
+    """The sublayer's dimensions and the tokens one generation step sees."""
+
+    #: Upstream's CFG pair: unconditional and conditional.
+    batch: int
+    embed_dim: int
+    query_heads: int
+    kv_heads: int
+    head_dim: int
+    prefill: int
+    decode: int
+
+
+SMALL = Dims(batch=2, embed_dim=128, query_heads=4, kv_heads=2, head_dim=32, prefill=12, decode=4)
+UPSTREAM = Dims(
+    batch=2, embed_dim=2048, query_heads=16, kv_heads=4, head_dim=128, prefill=256, decode=4
+)
+UPSTREAM_SOURCE = "UNSET"
 NORM_EPS = 1e-5
 ROPE_MIN_TIMESCALE = 1
 ROPE_MAX_TIMESCALE = 10_000
@@ -102,25 +115,25 @@ class RotaryEmbedding(nn.Module):
 class SelfAttention(nn.Module):
     """The decoder's GQA self-attention projections and RoPE, laid out as upstream."""
 
-    def __init__(self) -> None:
+    def __init__(self, dims: Dims) -> None:
         super().__init__()
-        self.num_gqa_groups = QUERY_HEADS // KV_HEADS
-        self.q_proj = DenseGeneral((EMBED_DIM,), (QUERY_HEADS, HEAD_DIM))
-        self.k_proj = DenseGeneral((EMBED_DIM,), (KV_HEADS, HEAD_DIM))
-        self.v_proj = DenseGeneral((EMBED_DIM,), (KV_HEADS, HEAD_DIM))
-        self.o_proj = DenseGeneral((QUERY_HEADS, HEAD_DIM), (EMBED_DIM,))
-        self.rotary_emb = RotaryEmbedding(HEAD_DIM)
+        self.num_gqa_groups = dims.query_heads // dims.kv_heads
+        self.q_proj = DenseGeneral((dims.embed_dim,), (dims.query_heads, dims.head_dim))
+        self.k_proj = DenseGeneral((dims.embed_dim,), (dims.kv_heads, dims.head_dim))
+        self.v_proj = DenseGeneral((dims.embed_dim,), (dims.kv_heads, dims.head_dim))
+        self.o_proj = DenseGeneral((dims.query_heads, dims.head_dim), (dims.embed_dim,))
+        self.rotary_emb = RotaryEmbedding(dims.head_dim)
         with torch.no_grad():
-            self.q_proj.weight.mul_(LOGIT_GAIN * HEAD_DIM**-0.5)
+            self.q_proj.weight.mul_(LOGIT_GAIN * dims.head_dim**-0.5)
 
 
 class DecoderSelfAttentionBlock(nn.Module):
     """``DecoderLayer``'s self-attention sublayer: the fp32 ``pre_sa_norm``, then attention."""
 
-    def __init__(self) -> None:
+    def __init__(self, dims: Dims) -> None:
         super().__init__()
-        self.pre_sa_norm = nn.RMSNorm(EMBED_DIM, eps=NORM_EPS, dtype=torch.float32)
-        self.self_attention = SelfAttention()
+        self.pre_sa_norm = nn.RMSNorm(dims.embed_dim, eps=NORM_EPS, dtype=torch.float32)
+        self.self_attention = SelfAttention(dims)
         with torch.no_grad():
             self.pre_sa_norm.weight.uniform_(0.5, 1.5)
 
@@ -128,8 +141,8 @@ class DecoderSelfAttentionBlock(nn.Module):
 class KVCache:
     """Upstream's preallocated self-attention cache in ``compute_dtype``."""
 
-    def __init__(self, batch: int, max_len: int, dtype: torch.dtype, device: torch.device):
-        shape = (batch, KV_HEADS, max_len, HEAD_DIM)
+    def __init__(self, dims: Dims, max_len: int, dtype: torch.dtype, device: torch.device):
+        shape = (dims.batch, dims.kv_heads, max_len, dims.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.current_idx = 0
@@ -234,9 +247,11 @@ def run_decoder(w: Workload, ctx: RunContext, variant: Variant) -> torch.Tensor:
     The KV cache is in ``compute_dtype``, the dtype the decoder's input was given in."""
     model: DecoderSelfAttentionBlock = w.model
     x: torch.Tensor = w.inputs["x"]
-    cache = KVCache(x.shape[0], PREFILL + DECODE, x.dtype, x.device)
-    positions = torch.arange(PREFILL + DECODE, device=x.device).unsqueeze(0).expand(x.shape[0], -1)
-    steps = [slice(0, PREFILL)] + [slice(t, t + 1) for t in range(PREFILL, PREFILL + DECODE)]
+    dims: Dims = ctx.dims
+    tokens = dims.prefill + dims.decode
+    cache = KVCache(dims, tokens, x.dtype, x.device)
+    positions = torch.arange(tokens, device=x.device).unsqueeze(0).expand(x.shape[0], -1)
+    steps = [slice(0, dims.prefill)] + [slice(t, t + 1) for t in range(dims.prefill, tokens)]
     outputs = [
         self_attention_step(model, x[:, step], positions[:, step], cache, variant, ctx)
         for step in steps
@@ -276,10 +291,13 @@ class DiaSdpaKvCache(Case):
     backends = ("sdpa",)
     #: Upstream builds the norm with ``dtype=torch.float32``; the RoPE timescale is fp32.
     keep_fp32 = ("pre_sa_norm", "self_attention.rotary_emb")
+    sizes = (Size("small", SMALL, "toy dimensions"), Size("upstream", UPSTREAM, UPSTREAM_SOURCE))
 
     def build(self, ctx: RunContext) -> Workload:
-        model = DecoderSelfAttentionBlock().eval()
-        return Workload(model=model, inputs={"x": torch.randn(BATCH, PREFILL + DECODE, EMBED_DIM)})
+        dims: Dims = ctx.dims
+        model = DecoderSelfAttentionBlock(dims).eval()
+        x = torch.randn(dims.batch, dims.prefill + dims.decode, dims.embed_dim)
+        return Workload(model=model, inputs={"x": x})
 
     @fix("none", rationale="upstream d4790dd: fp32 pre_sa_norm, KV cache in compute_dtype")
     def none(self, w: Workload, ctx: RunContext) -> torch.Tensor:

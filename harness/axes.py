@@ -58,6 +58,20 @@ BACKENDS = ("sdpa", "eager", "flash-attn", "flash-attn-contract")
 COMPILE_MODES = ("eager", "inductor")
 EAGER = "eager"
 
+#: Workload sizes, in the order reports show them: every case has ``small`` (toy
+#: dimensions: CI and correctness); a case may declare ``upstream`` (the real model's
+#: dimensions, from the config it cites). Speed is never compared across sizes.
+SMALL_SIZE = "small"
+UPSTREAM_SIZE = "upstream"
+SIZES = (SMALL_SIZE, UPSTREAM_SIZE)
+#: The size timed where a run has both, by device kind: on a GPU the real model's shapes
+#: (toy shapes measure launch overhead), on a CPU the small one (half-precision matmuls at
+#: model dimensions take minutes there, and a CPU's speed predicts no GPU's anyway).
+TIMED_SIZE = {"cuda": UPSTREAM_SIZE, "cpu": SMALL_SIZE}
+#: The sizes a run covers on each device kind unless ``--size`` says otherwise: correctness
+#: at both sizes where that is affordable (a GPU), the small size alone on a CPU.
+DEFAULT_SIZES = {"cuda": SIZES, "cpu": (SMALL_SIZE,)}
+
 #: Device kinds a case may declare; ``cuda`` expands to every visible ``cuda:N``.
 DEVICE_KINDS = ("cpu", "cuda")
 

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from harness.axes import LOW_PRECISION_DTYPES
+from harness.axes import LOW_PRECISION_DTYPES, SMALL_SIZE
 from harness.observe import CoreObservation, record_core_dtypes
 from harness.precision import Precision
 from harness.records import Cell
@@ -53,6 +53,21 @@ class FailureSignature:
 
     def matches(self, error_type: str, message: str) -> bool:
         return error_type == self.error_type and re.search(self.message, message) is not None
+
+
+@dataclass(frozen=True)
+class Size:
+    """One workload size of a case: its name, its dimensions and where they come from.
+
+    ``name`` is ``small`` or ``upstream``; ``dims`` is the case's own frozen dataclass of
+    dimensions (``build`` and the fixes read it as ``ctx.dims``); ``source`` cites the config
+    the figures are taken from, e.g. ``"nari-labs/Dia-1.6B config.json: decoder
+    n_embd=2048, gqa_query_heads=16"``.
+    """
+
+    name: str
+    dims: Any
+    source: str
 
 
 @dataclass
@@ -88,6 +103,9 @@ class RunContext:
     observe: bool = True
     observation: CoreObservation = field(default_factory=CoreObservation)
     managed_by_case: bool = False
+    #: The cell's workload size and its dimensions (the case's ``sizes[size].dims``).
+    size: str = SMALL_SIZE
+    dims: Any = None
 
     @property
     def precision(self) -> Precision:
@@ -186,7 +204,20 @@ class Case:
     #: reference) and neither casts nor enters autocast; the fixes read ``ctx.dtype`` and
     #: ``ctx.mode`` and apply them the upstream way.
     manages_precision: ClassVar[bool] = False
+    #: The workload sizes, smallest first: ``small`` (required where any is declared) and
+    #: ``upstream``, each with its dimensions and the config they come from. A case without
+    #: sizes runs at one size, ``small``, and ``ctx.dims`` is None.
+    sizes: ClassVar[tuple[Size, ...]] = ()
     source_file: str = ""
+
+    @property
+    def size_names(self) -> tuple[str, ...]:
+        """The sizes this case runs at, smallest first."""
+        return tuple(s.name for s in self.sizes) or (SMALL_SIZE,)
+
+    def dims(self, size: str) -> Any:
+        """The dimensions of ``size`` (None for a case that declares no sizes)."""
+        return next((s.dims for s in self.sizes if s.name == size), None)
 
     def build(self, ctx: RunContext) -> Workload:
         """The model and inputs in float32 on the CPU. The harness seeds the RNG first, then
@@ -218,8 +249,17 @@ class Case:
             "source_file": self.source_file,
             "keep_fp32": list(self.keep_fp32),
             "manages_precision": self.manages_precision,
+            "sizes": {size.name: size_metadata(size) for size in self.sizes},
             "fixes": [
                 {"name": f.name, "rationale": f.rationale, "upstream": f.upstream}
                 for f in self.fixes.values()
             ],
         }
+
+
+def size_metadata(size: Size) -> dict[str, Any]:
+    """A size as a report shows it: its dimensions by name, and its source."""
+    dims = size.dims
+    is_instance = dataclasses.is_dataclass(dims) and not isinstance(dims, type)
+    values = dataclasses.asdict(dims) if is_instance else dict(dims or {})
+    return {"dims": {k: repr(v) for k, v in values.items()}, "source": size.source}

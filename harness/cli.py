@@ -12,7 +12,7 @@ from typing import Any
 
 from harness import storage
 from harness.axes import MODES
-from harness.case import Case
+from harness.case import Case, size_metadata
 from harness.config import RunConfig
 from harness.isolation import DEFAULT_TIMEOUT_S, Limits
 from harness.matrix import Selection, SelectionError
@@ -33,6 +33,13 @@ AXIS_FLAGS = {
     "mode": "modes",
     "backend": "backends",
     "compile": "compiles",
+    "size": "sizes",
+}
+
+#: What some axis flags take beyond a name.
+AXIS_HELP = {
+    "device": "; cpu, cuda, cuda:N or all",
+    "size": "; small, upstream or all (default: small on cpu, both sizes on cuda)",
 }
 
 
@@ -76,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
             f"--{axis}",
             action="append",
             metavar="NAME",
-            help=f"only this {axis} (repeatable, or comma-separated)",
+            help=f"only this {axis} (repeatable, or comma-separated)" + AXIS_HELP.get(axis, ""),
         )
     run_parser.add_argument(
         "--out",
@@ -238,6 +245,7 @@ def describe_case(case: Case) -> list[str]:
     ]
     if case.compiles != ("eager",):
         lines.append(f"  compiles: {', '.join(case.compiles)}")
+    lines += size_lines(case)
     if case.keep_fp32:
         lines.append(f"  keeps fp32: {', '.join(case.keep_fp32)}")
     if case.manages_precision:
@@ -248,6 +256,18 @@ def describe_case(case: Case) -> list[str]:
     for fix in case.fixes.values():
         ref = f" [{fix.upstream}]" if fix.upstream else ""
         lines.append(f"    {fix.name:<24} {fix.rationale}{ref}")
+    return lines
+
+
+def size_lines(case: Case) -> list[str]:
+    """Each declared size with its dimensions and, past the small one, its source."""
+    lines = []
+    for size in case.sizes:
+        described = size_metadata(size)
+        dims = ", ".join(f"{k}={v}" for k, v in described["dims"].items())
+        lines.append(f"  size {size.name + ':':<9} {dims}")
+        if described["source"]:
+            lines.append(f"    from: {described['source']}")
     return lines
 
 

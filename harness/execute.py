@@ -86,13 +86,17 @@ def context_for(case: Case, cell: Cell, observe: bool = True) -> RunContext:
         cell.backend,
         observe=observe,
         managed_by_case=case.manages_precision,
+        size=cell.size,
+        dims=case.dims(cell.size),
     )
 
 
-def plain_cell(case: Case, dtype: str) -> Cell:
-    """The reference fix run plainly on the CPU (mode ``half``): in float64 it is the
-    reference, in a low-precision dtype the baseline."""
-    return Cell(case.name, case.reference_fix, "cpu", dtype, "half", reference_backend(case))
+def plain_cell(case: Case, dtype: str, size: str) -> Cell:
+    """The reference fix run plainly on the CPU (mode ``half``) at ``size``: in float64 it
+    is the reference, in a low-precision dtype the baseline."""
+    return Cell(
+        case.name, case.reference_fix, "cpu", dtype, "half", reference_backend(case), size=size
+    )
 
 
 def apply_precision(workload: Workload, case: Case, ctx: RunContext) -> Workload:
@@ -221,24 +225,32 @@ def float64_leaves(output: Any) -> Leaves:
     }
 
 
-#: What is computed once per process and shared by every cell of a case: the float64
-#: reference by case, the baseline by (case, dtype). A worker fills them from a forked
-#: process (``remember_shared``), so a reference fix that crashes or changes torch's global
-#: settings cannot reach the worker.
-_REFERENCES: dict[str, Leaves] = {}
-_BASELINES: dict[tuple[str, str], Baseline] = {}
+#: A case at one workload size: what a reference and its baselines belong to.
+Workpiece = tuple[str, str]
+
+#: What is computed once per process and shared by every cell of a case at one size: the
+#: float64 reference by (case, size), the baseline by (case, size, dtype). A worker fills
+#: them from a forked process (``remember_shared``), so a reference fix that crashes or
+#: changes torch's global settings cannot reach the worker.
+_REFERENCES: dict[Workpiece, Leaves] = {}
+_BASELINES: dict[tuple[str, str, str], Baseline] = {}
 
 
-def reference_leaves(case_name: str) -> Leaves:
+def workpiece(cell: Cell) -> Workpiece:
+    return cell.case, cell.size
+
+
+def reference_leaves(piece: Workpiece) -> Leaves:
     """The case's reference fix in float64 on the CPU, as named float64 leaves."""
-    if case_name not in _REFERENCES:
-        _REFERENCES[case_name] = compute_reference(case_name)
-    return _REFERENCES[case_name]
+    if piece not in _REFERENCES:
+        _REFERENCES[piece] = compute_reference(piece)
+    return _REFERENCES[piece]
 
 
-def compute_reference(case_name: str) -> Leaves:
+def compute_reference(piece: Workpiece) -> Leaves:
+    case_name, size = piece
     case = registry.get(case_name)
-    ctx = context_for(case, plain_cell(case, "float64"))
+    ctx = context_for(case, plain_cell(case, "float64", size))
     try:
         run = run_fix_checked(case, case.reference_fix, ctx, trace=False)
     except WorkloadFailed as failure:
@@ -256,36 +268,37 @@ class Baseline:
     error: str | None = None
 
 
-def baseline(case_name: str, dtype: str) -> Baseline:
+def baseline(piece: Workpiece, dtype: str) -> Baseline:
     """Error of a plain low-precision computation (reference fix, mode half, CPU)."""
-    if (case_name, dtype) not in _BASELINES:
-        _BASELINES[case_name, dtype] = compute_baseline(case_name, dtype)
-    return _BASELINES[case_name, dtype]
+    if (*piece, dtype) not in _BASELINES:
+        _BASELINES[(*piece, dtype)] = compute_baseline(piece, dtype)
+    return _BASELINES[(*piece, dtype)]
 
 
-def compute_baseline(case_name: str, dtype: str) -> Baseline:
+def compute_baseline(piece: Workpiece, dtype: str) -> Baseline:
+    case_name, size = piece
     case = registry.get(case_name)
-    ctx = context_for(case, plain_cell(case, dtype))
+    ctx = context_for(case, plain_cell(case, dtype, size))
     try:
         run = run_fix_checked(case, case.reference_fix, ctx, trace=False)
     except WorkloadFailed as failure:
         run = FixRun(error=failure.error)
     if run.error is not None:
         return Baseline({}, f"{type(run.error).__name__}: {error_text(run.error)}"[:MAX_MESSAGE])
-    reference = reference_leaves(case_name)
+    reference = reference_leaves(piece)
     numerics = judge_leaves(output_leaves(run.output), reference, dtype_of(dtype), {})
     return Baseline({leaf: n.rel_err for leaf, n in numerics.items()})
 
 
-def shared_figures(case_name: str) -> bytes | None:
-    """The case's reference and its baseline in each of its low-precision dtypes,
-    serialised for the process that forked this one; None when the reference fix raised
-    (each cell then records why)."""
-    case = registry.get(case_name)
+def shared_figures(piece: Workpiece) -> bytes | None:
+    """The case's reference at one size and its baseline in each of its low-precision
+    dtypes, serialised for the process that forked this one; None when the reference fix
+    raised (each cell then records why)."""
+    case = registry.get(piece[0])
     try:
-        reference = reference_leaves(case_name)
+        reference = reference_leaves(piece)
         dtypes = dict.fromkeys((*case.dtypes, CONTROL_DTYPE))  # the fp32 control's too
-        baselines = {dtype: baseline(case_name, dtype) for dtype in dtypes}
+        baselines = {dtype: baseline(piece, dtype) for dtype in dtypes}
     except Exception:
         return None
     buffer = io.BytesIO()
@@ -299,12 +312,12 @@ def shared_figures(case_name: str) -> bytes | None:
     return buffer.getvalue()
 
 
-def remember_shared(case_name: str, data: bytes) -> None:
+def remember_shared(piece: Workpiece, data: bytes) -> None:
     """Keep what ``shared_figures`` computed in another process."""
     loaded = torch.load(io.BytesIO(data), weights_only=True)
-    _REFERENCES[case_name] = loaded["reference"]
+    _REFERENCES[piece] = loaded["reference"]
     for dtype, figures in loaded["baselines"].items():
-        _BASELINES[case_name, dtype] = Baseline(**figures)
+        _BASELINES[(*piece, dtype)] = Baseline(**figures)
 
 
 def forget_shared() -> None:
@@ -334,14 +347,14 @@ def check_has_values(leaves: Leaves) -> None:
 
 
 def judged(case: Case, cell: Cell, leaves: Leaves, record: CellRecord) -> CellRecord:
-    reference = reference_leaves(case.name)
+    reference = reference_leaves(workpiece(cell))
     out_dtype = "+".join(dict.fromkeys(dtype_name(t.dtype) for t in leaves.values()))
     problem = structure_problem(leaves, reference)
     if problem:
         return replace(
             record, outcome=Outcome.INACCURATE, out_dtype=out_dtype, error_message=problem
         )
-    base = baseline(case.name, cell.dtype)
+    base = baseline(workpiece(cell), cell.dtype)
     per_leaf = judge_leaves(leaves, reference, dtype_of(cell.dtype), base.rel_errs)
     worst = worst_leaf(per_leaf)
     passed = all(within_tolerance(n) for n in per_leaf.values())

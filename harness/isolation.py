@@ -70,7 +70,7 @@ def settle_worker() -> str | None:
 
 #: case -> why the process computing its reference and baselines gave no result, or None
 #: once they are known (or raised, which each cell then records with its frames).
-_SHARED: dict[str, str | None] = {}
+_SHARED: dict[execute.Workpiece, str | None] = {}
 
 
 def warm_parent(cell: Cell, limits: Limits) -> str | None:
@@ -81,14 +81,15 @@ def warm_parent(cell: Cell, limits: Limits) -> str | None:
     dtype tracer's first-use imports are done here too."""
     torch.set_num_threads(1)
     trail.warm_up()
-    if cell.case not in _SHARED:
-        _SHARED[cell.case] = compute_shared(cell, limits)
-    return _SHARED[cell.case]
+    piece = execute.workpiece(cell)
+    if piece not in _SHARED:
+        _SHARED[piece] = compute_shared(piece, limits)
+    return _SHARED[piece]
 
 
-def compute_shared(cell: Cell, limits: Limits) -> str | None:
+def compute_shared(piece: execute.Workpiece, limits: Limits) -> str | None:
     forked = run_forked(
-        lambda: execute.shared_figures(cell.case),
+        lambda: execute.shared_figures(piece),
         limits.timeout_s,
         1,
         limits.memory_bytes,
@@ -97,7 +98,7 @@ def compute_shared(cell: Cell, limits: Limits) -> str | None:
     if forked.failure is not None:
         return forked.failure
     if forked.value is not None:
-        execute.remember_shared(cell.case, forked.value)
+        execute.remember_shared(piece, forked.value)
     return None
 
 

@@ -8,12 +8,13 @@ covered and why.
 from __future__ import annotations
 
 import difflib
+import itertools
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from harness.axes import CONTROL_DTYPE, CONTROL_FIX, CONTROL_MODE
-from harness.case import Case
+from harness.axes import CONTROL_DTYPE, CONTROL_FIX, CONTROL_MODE, DEFAULT_SIZES, SIZES
+from harness.case import Case, Fix
 from harness.environment import (
     cuda_devices,
     environment_skip_reason,
@@ -41,6 +42,9 @@ class Selection:
     modes: tuple[str, ...] = ()
     backends: tuple[str, ...] = ()
     compiles: tuple[str, ...] = ()
+    #: Workload sizes; empty: each device's default sizes (``DEFAULT_SIZES``); ``all``: every
+    #: size a case declares.
+    sizes: tuple[str, ...] = ()
 
     def keeps(self, cell: Cell) -> bool:
         return all(
@@ -90,18 +94,34 @@ def concrete_devices(case: Case, requested: Sequence[str]) -> list[str]:
     ]
 
 
-def case_cells(case: Case, devices: Sequence[str]) -> Iterator[Cell]:
-    """Every cell a case declares, in a stable order."""
-    for fix in case.fixes.values():
-        for device in devices:
-            for mode in fix.modes or case.modes:
-                if mode == CONTROL_MODE and fix.name != CONTROL_FIX:
-                    continue
-                dtypes = (CONTROL_DTYPE,) if mode == CONTROL_MODE else case.dtypes
-                for dtype in dtypes:
-                    for backend in fix.backends or case.backends:
-                        for compiled in case.compiles:
-                            yield Cell(case.name, fix.name, device, dtype, mode, backend, compiled)
+def concrete_sizes(case: Case, device: str, requested: Sequence[str]) -> tuple[str, ...]:
+    """The sizes this case runs at on ``device``: those asked for (``--size``; ``all`` is
+    every size), else the device's default sizes, among the sizes the case declares."""
+    if "all" in requested:
+        return case.size_names
+    wanted = requested or DEFAULT_SIZES[device.split(":")[0]]
+    return tuple(size for size in case.size_names if size in wanted)
+
+
+def case_cells(case: Case, devices: Sequence[str], sizes: Sequence[str] = ()) -> Iterator[Cell]:
+    """Every cell a case declares, in a stable order: one size after the other (the cells
+    of one size share a reference)."""
+    for size in case.size_names:
+        for fix in case.fixes.values():
+            for device in devices:
+                if size in concrete_sizes(case, device, sizes):
+                    yield from fix_cells(case, fix, device, size)
+
+
+def fix_cells(case: Case, fix: Fix, device: str, size: str) -> Iterator[Cell]:
+    """A fix's cells on one device at one size: its modes, dtypes, backends, compiles."""
+    for mode in fix.modes or case.modes:
+        if mode == CONTROL_MODE and fix.name != CONTROL_FIX:
+            continue
+        dtypes = (CONTROL_DTYPE,) if mode == CONTROL_MODE else case.dtypes
+        backends = fix.backends or case.backends
+        for dtype, backend, compiled in itertools.product(dtypes, backends, case.compiles):
+            yield Cell(case.name, fix.name, device, dtype, mode, backend, compiled, size)
 
 
 def skip_reason(case: Case, cell: Cell) -> str | None:
@@ -118,7 +138,8 @@ def expand(cases: Iterable[Case], selection: Selection = Selection()) -> Plan:
     for case in cases:
         if selection.cases and case.name not in selection.cases:
             continue
-        for cell in case_cells(case, concrete_devices(case, selection.devices)):
+        devices = concrete_devices(case, selection.devices)
+        for cell in case_cells(case, devices, selection.sizes):
             if not selection.keeps(cell):
                 continue
             reason = skip_reason(case, cell)
@@ -141,6 +162,7 @@ def check_selection(cases: Sequence[Case], selection: Selection) -> None:
     _check_names("mode", selection.modes, sorted({m for c in chosen for m in c.modes}))
     _check_names("backend", selection.backends, sorted({b for c in chosen for b in c.backends}))
     _check_names("compile", selection.compiles, sorted({m for c in chosen for m in c.compiles}))
+    _check_names("size", selection.sizes, ["all", *SIZES])
     for device in selection.devices:
         if device not in ("all", "cpu", "cuda") and not CUDA_INDEX.match(device):
             raise SelectionError(f"unknown device {device!r} (use cpu, cuda, cuda:N or all)")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from harness.axes import SMALL_SIZE
 from harness.trail_records import Trail
 from harness.typed import as_mapping, as_tuple, check_fields, mismatch
 
@@ -40,15 +41,20 @@ class Cell:
     backend: str
     #: ``eager``, or ``inductor`` for a fix run under ``torch.compile``.
     compile: str = "eager"
+    #: The workload size: ``small`` (toy dimensions, for CI and correctness) or
+    #: ``upstream`` (the real model's dimensions, from the config the case cites).
+    size: str = SMALL_SIZE
 
     @property
     def id(self) -> str:
         """The cell's identity: ``case[fix,device,dtype,mode,backend]``, with ``,inductor``
-        appended for a compiled cell."""
+        appended for a compiled cell and ``,size=upstream`` for a cell not of the small size
+        (so the ids of records written before the size axis stay what they were)."""
         compiled = "" if self.compile == "eager" else f",{self.compile}"
+        size = "" if self.size == SMALL_SIZE else f",size={self.size}"
         return (
             f"{self.case}[{self.fix},{self.device},{self.dtype},{self.mode},{self.backend}"
-            f"{compiled}]"
+            f"{compiled}{size}]"
         )
 
     @property
@@ -64,8 +70,9 @@ class Cell:
 
     @property
     def column(self) -> Column:
-        """The cells compared side by side (timed together, ranked against each other)."""
-        return Column(self.case, self.device, self.dtype, self.mode)
+        """The cells compared side by side (timed together, ranked against each other):
+        never across workload sizes."""
+        return Column(self.case, self.device, self.dtype, self.mode, self.size)
 
     def to_dict(self) -> dict[str, str]:
         return dataclasses.asdict(self)
@@ -93,10 +100,12 @@ class Column:
     device: str
     dtype: str
     mode: str
+    size: str = SMALL_SIZE
 
     @property
     def id(self) -> str:
-        return f"{self.case}[{self.device},{self.dtype},{self.mode}]"
+        size = "" if self.size == SMALL_SIZE else f",size={self.size}"
+        return f"{self.case}[{self.device},{self.dtype},{self.mode}{size}]"
 
 
 class CrashKind(str, Enum):

@@ -16,8 +16,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TypeVar
 
-from harness.axes import BACKENDS, COMPILE_MODES, DEVICE_KINDS, DTYPES, MODES
-from harness.case import Case
+from harness.axes import BACKENDS, COMPILE_MODES, DEVICE_KINDS, DTYPES, MODES, SIZES, SMALL_SIZE
+from harness.case import Case, Size
 
 RELEASE = re.compile(r"^\d+\.\d+(\.\d+)?$")
 CASE_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
@@ -67,6 +67,7 @@ def contract_problems(case: Case) -> list[str]:
             problems.append(f"missing {attr}")
     problems += _unknown_axis_values(case)
     problems += _fix_problems(case)
+    problems += _size_problems(case)
     if type(case).build is Case.build:
         problems.append("no build() method")
     if case.min_torch is not None and not RELEASE.match(str(case.min_torch)):
@@ -90,6 +91,23 @@ def _unknown_axis_values(case: Case) -> list[str]:
         for value in values:
             if value not in allowed:
                 problems.append(f"unknown {axis[:-1]} {value!r} (known: {', '.join(allowed)})")
+    return problems
+
+
+def _size_problems(case: Case) -> list[str]:
+    if not all(isinstance(size, Size) for size in case.sizes):
+        return ["sizes must be a tuple of Size(name, dims, source)"]
+    names = [size.name for size in case.sizes]
+    problems = []
+    if names and names[0] != SMALL_SIZE:
+        problems.append(f"sizes must start with {SMALL_SIZE!r} (the size CI runs)")
+    if len(set(names)) != len(names):
+        problems.append(f"sizes repeat a name: {', '.join(names)}")
+    for size in case.sizes:
+        if size.name not in SIZES:
+            problems.append(f"unknown size {size.name!r} (known: {', '.join(SIZES)})")
+        elif size.name != SMALL_SIZE and not size.source.strip():
+            problems.append(f"size {size.name!r} does not cite where its dimensions come from")
     return problems
 
 

@@ -22,12 +22,13 @@ import pytest
 import torch
 
 from harness import execute, registry, storage
+from harness.axes import SIZES, SMALL_SIZE, TIMED_SIZE, rank
 from harness.case import Case
 from harness.config import RunConfig
 from harness.environment import capture_environment, now_iso
 from harness.matrix import Plan, SelectionError, check_selection, expand
 from harness.pytest_plugin import Controller, cell_crashes, timing_crashes
-from harness.records import Cell, CellRecord
+from harness.records import Cell, CellRecord, Outcome
 from harness.registry import CaseContractError
 
 
@@ -128,12 +129,16 @@ def run_pytest(args: list[str], controller: Controller, threads: int) -> int:
 
 
 def batches_of(cells: Sequence[Cell], size: int) -> list[list[Cell]]:
-    """Consecutive cells of one case and device, at most ``size`` to a batch: a batch runs
-    in one forked process (see ``isolation.run_cells_isolated``)."""
+    """Consecutive cells of one case, device and workload size, at most ``size`` to a batch:
+    a batch runs in one forked process (see ``isolation.run_cells_isolated``)."""
     batches: list[list[Cell]] = []
     for cell in cells:
         last = batches[-1] if batches else None
-        same = last and (last[0].case, last[0].device) == (cell.case, cell.device)
+        same = last and (last[0].case, last[0].device, last[0].size) == (
+            cell.case,
+            cell.device,
+            cell.size,
+        )
         if last and same and len(last) < size:
             last.append(cell)
         else:
@@ -179,11 +184,33 @@ def needs_timing(record: CellRecord) -> bool:
 
 
 def cells_to_time(run_dir: Path) -> list[CellRecord]:
-    """Cells to time, in a fixed order: what ran before a timed call (allocator and cache
-    state) must be the same from run to run."""
+    """Cells to time, at the size timed on their device, in a fixed order: what ran before
+    a timed call (allocator and cache state) must be the same from run to run."""
+    records = storage.read_records(run_dir)
+    timed = timed_sizes(records)
     return sorted(
-        (r for r in storage.read_records(run_dir) if needs_timing(r)), key=lambda r: r.cell
+        (r for r in records if needs_timing(r) and r.cell.size == timed[size_key(r.cell)]),
+        key=lambda r: r.cell,
     )
+
+
+def size_key(cell: Cell) -> tuple[str, str]:
+    return cell.case, cell.device
+
+
+def timed_sizes(records: Sequence[CellRecord]) -> dict[tuple[str, str], str]:
+    """The one workload size timed for each case and device: the device kind's
+    ``TIMED_SIZE`` where the run has cells of it there, else the smallest size it has."""
+    present: dict[tuple[str, str], set[str]] = {}
+    for r in records:
+        if r.outcome != Outcome.SKIPPED:
+            present.setdefault(size_key(r.cell), set()).add(r.cell.size)
+    return {key: timed_size(key[1], sizes) for key, sizes in present.items()}
+
+
+def timed_size(device: str, sizes: set[str]) -> str:
+    preferred = TIMED_SIZE.get(device.split(":")[0], SMALL_SIZE)
+    return preferred if preferred in sizes else min(sizes, key=lambda s: rank(SIZES, s))
 
 
 def timing_columns(records: Sequence[CellRecord]) -> dict[str, list[CellRecord]]:
