@@ -42,13 +42,18 @@ def median_of(record: CellRecord) -> float | None:
     return record.perf.time_median_s if record.perf else None
 
 
-def controls(records: Iterable[CellRecord]) -> dict[tuple[str, str, str, str], float]:
-    """The fp32 control's median per (case, torch, device, backend)."""
+#: A control's key: case, workload size, torch version, device, backend.
+ControlKey = tuple[str, str, str, str, str]
+
+
+def controls(records: Iterable[CellRecord]) -> dict[ControlKey, float]:
+    """The fp32 control's median per (case, size, torch, device, backend): speed is never
+    compared across workload sizes."""
     found = {}
     for r in records:
         median = median_of(r)
         if r.cell.mode == CONTROL_MODE and r.cell.fix == CONTROL_FIX and median:
-            found[(r.cell.case, *environment_key(r), r.cell.backend)] = median
+            found[(r.cell.case, r.cell.size, *environment_key(r), r.cell.backend)] = median
     return found
 
 
@@ -64,13 +69,14 @@ def fastest_passing(records: Iterable[CellRecord]) -> dict[tuple[str, Column], f
     return fastest
 
 
-def control_for(record: CellRecord, found: dict[tuple[str, str, str, str], float]) -> float | None:
-    """The control with the same backend, or else any control of the case and environment."""
-    key = (record.cell.case, *environment_key(record))
+def control_for(record: CellRecord, found: dict[ControlKey, float]) -> float | None:
+    """The control with the same backend, or else any control of the case, size and
+    environment."""
+    key = (record.cell.case, record.cell.size, *environment_key(record))
     same_backend = found.get((*key, record.cell.backend))
     if same_backend:
         return same_backend
-    return next((m for k, m in sorted(found.items()) if k[:3] == key), None)
+    return next((m for k, m in sorted(found.items()) if k[:4] == key), None)
 
 
 RecordKey = tuple[str, Cell]

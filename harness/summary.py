@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
-from harness.axes import DTYPES, MODE_NAMES, MODES, rank
+from harness.axes import DTYPES, MODE_NAMES, MODES, SIZES, SMALL_SIZE, rank
 from harness.kept import Kept, fix_kept, kept
 from harness.records import LABELS, CellRecord, Outcome, outcome_label
 from harness.speed import RecordKey, SpeedRatios, record_key, speed_ratios
@@ -182,14 +182,20 @@ def noise_statement(timings: Sequence[tuple[bool, float]]) -> str | None:
     )
 
 
+def case_size_order(key: tuple[str, str]) -> tuple[str, int]:
+    return key[0], rank(SIZES, key[1])
+
+
 def render_summary(records: Sequence[CellRecord]) -> str:
     """The whole summary: tables per case (outcomes, then speed), counts, skip reasons."""
     lines: list[str] = []
     by_speed = speed_text(speed_ratios(records))
-    for case in sorted({r.cell.case for r in records}):
-        mine = [r for r in records if r.cell.case == case]
+    sized = any(r.cell.size != SMALL_SIZE for r in records)
+    for case, size in sorted({(r.cell.case, r.cell.size) for r in records}, key=case_size_order):
+        mine = [r for r in records if (r.cell.case, r.cell.size) == (case, size)]
         precision = precision_line(mine)
-        lines += [f"{case}", *("  " + row for row in case_table(mine)), *detail_lines(mine)]
+        heading = f"{case}  (size {size})" if sized else case
+        lines += [heading, *("  " + row for row in case_table(mine)), *detail_lines(mine)]
         lines += [precision, ""] if precision else [""]
         speed = case_table(mine, by_speed)
         if speed:
