@@ -2,7 +2,7 @@
 
 The authoring API for cases is importable from here::
 
-    from harness import Case, FailureSignature, RunContext, Upstream, Workload, fix, register
+    from harness import Case, FailureSignature, RunContext, Size, Upstream, Workload, fix, register
 
 The names load on first use, so ``harness.report`` (which never imports torch) stays light.
 """
@@ -13,13 +13,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from harness.case import Case, FailureSignature, RunContext, Upstream, Workload, fix
+    from harness.case import Case, FailureSignature, RunContext, Size, Upstream, Workload, fix
     from harness.registry import register
 
 AUTHORING_API = {
     "Case": "harness.case",
     "FailureSignature": "harness.case",
     "RunContext": "harness.case",
+    "Size": "harness.case",
     "Upstream": "harness.case",
     "Workload": "harness.case",
     "fix": "harness.case",
@@ -30,6 +31,7 @@ __all__ = [
     "Case",
     "FailureSignature",
     "RunContext",
+    "Size",
     "Upstream",
     "Workload",
     "fix",
