@@ -17,8 +17,13 @@ dtype=self.inv_freq.dtype)`` after ``model.half()`` cast ``inv_freq``) rounds
 ``position * inv_freq`` before the ``cos``: the angles are wrong at large positions.
 
 The block below is one GPT-NeoX attention layer (fused ``query_key_value``, full rotary,
-causal, ``dense``) over a window of tokens at the end of a 2048-token context, with
-``position_ids`` given explicitly, so the cache rows used are the ones near position 2047.
+causal, ``dense``) over a window of ``dims.tokens`` tokens at the end of a
+``dims.max_positions`` (2048) token context, with ``position_ids`` given explicitly, so the
+cache rows used are the ones near position 2047. The ``upstream`` size has the dimensions of
+RedPajama-INCITE-3B, a GPT-NeoX checkpoint with ``rotary_pct=1.0``, which the full-head
+rotation here matches; GPT-NeoX-20B (the ``GPTNeoXConfig`` defaults) rotates only a quarter
+of each head (``rotary_pct=0.25``) and is not used. Its figures come from copies of the
+checkpoint's config, not from the Hugging Face file itself (see ``UPSTREAM_SOURCE``).
 The tables stay plain float32 attributes in every cell (nothing casts them, the float64
 reference included), so every fix but ``cache-built-in-half`` rotates with the same float32
 table values, and the model of every such half cell still holds them after the fix.
@@ -27,23 +32,49 @@ table values, and the model of every such half cell still holds them after the f
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.case import Case, FailureSignature, RunContext, Upstream, Workload, fix
+from harness.case import Case, FailureSignature, RunContext, Size, Upstream, Workload, fix
 from harness.registry import register
 
-BATCH = 2
-TOKENS = 16
-HIDDEN = 64
-HEADS = 4
-HEAD_SIZE = HIDDEN // HEADS
-MAX_POSITIONS = 2048
-ROTARY_BASE = 10_000
-#: The window's first position: its last token sits at MAX_POSITIONS - 1.
-FIRST_POSITION = MAX_POSITIONS - TOKENS
+
+@dataclass(frozen=True)
+class Dims:
+    """One attention layer's dimensions and the window of tokens it attends over."""
+
+    batch: int
+    tokens: int
+    hidden: int
+    heads: int
+    max_positions: int
+    rotary_base: int
+
+    @property
+    def head_size(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def first_position(self) -> int:
+        """The window's first position: its last token sits at ``max_positions - 1``."""
+        return self.max_positions - self.tokens
+
+
+SMALL = Dims(batch=2, tokens=16, hidden=64, heads=4, max_positions=2048, rotary_base=10_000)
+UPSTREAM = Dims(batch=2, tokens=64, hidden=2560, heads=32, max_positions=2048, rotary_base=10_000)
+UPSTREAM_SOURCE = (
+    "togethercomputer/RedPajama-INCITE-Base-3B-v1 config.json (GPTNeoXForCausalLM, "
+    "rotary_pct=1.0 like the full-head rotation here): hidden_size=2560, "
+    "num_attention_heads=32 (head 80), max_position_embeddings=2048; values read from "
+    "copies of that config (lit-gpt config.py 'RedPajama-INCITE-{}-3B-v1': n_embd=2560, "
+    "n_head=32, block_size=2048, rotary_percentage=1.0; an MLC chat config), not from the "
+    "HF file; rotary_emb_base=10000 is GPTNeoXConfig's default, unverified in that config. "
+    "Not EleutherAI/gpt-neox-20b (6144/64 heads), whose rotary_pct=0.25 rotates a quarter "
+    "of each head. tokens=64 (a window ending at position 2047) and batch=2 are choices."
+)
 
 QKV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 #: A fix's attention core: rotated q, k and v (B, H, N, D) -> (B, H, N, D).
@@ -96,23 +127,26 @@ class NeoXAttention(nn.Module):
 
     bias: torch.Tensor
 
-    def __init__(self) -> None:
+    def __init__(self, dims: Dims) -> None:
         super().__init__()
-        self.query_key_value = nn.Linear(HIDDEN, 3 * HIDDEN)
-        self.dense = nn.Linear(HIDDEN, HIDDEN)
-        self.rotary_emb = NeoXRotaryEmbedding(HEAD_SIZE, MAX_POSITIONS, ROTARY_BASE)
-        #: Upstream sizes the causal table to max_positions; the window needs TOKENS.
-        causal = torch.tril(torch.ones(TOKENS, TOKENS, dtype=torch.bool))
-        self.register_buffer("bias", causal.view(1, 1, TOKENS, TOKENS), persistent=False)
-        self.norm_factor = HEAD_SIZE**0.5
+        self.hidden, self.heads, self.head_size = dims.hidden, dims.heads, dims.head_size
+        self.query_key_value = nn.Linear(dims.hidden, 3 * dims.hidden)
+        self.dense = nn.Linear(dims.hidden, dims.hidden)
+        self.rotary_emb = NeoXRotaryEmbedding(dims.head_size, dims.max_positions, dims.rotary_base)
+        #: Upstream sizes the causal table to max_positions; the window needs dims.tokens.
+        n = dims.tokens
+        causal = torch.tril(torch.ones(n, n, dtype=torch.bool))
+        self.register_buffer("bias", causal.view(1, 1, n, n), persistent=False)
+        self.norm_factor = dims.head_size**0.5
 
     def rotated_qkv(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> QKV:
         """The fused projection split per head, q and k rotated with the cached tables."""
         b, n, _ = hidden.shape
-        qkv = self.query_key_value(hidden).view(b, n, HEADS, 3 * HEAD_SIZE)
-        query = qkv[..., :HEAD_SIZE].permute(0, 2, 1, 3)
-        key = qkv[..., HEAD_SIZE : 2 * HEAD_SIZE].permute(0, 2, 1, 3)
-        value = qkv[..., 2 * HEAD_SIZE :].permute(0, 2, 1, 3)
+        d = self.head_size
+        qkv = self.query_key_value(hidden).view(b, n, self.heads, 3 * d)
+        query = qkv[..., :d].permute(0, 2, 1, 3)
+        key = qkv[..., d : 2 * d].permute(0, 2, 1, 3)
+        value = qkv[..., 2 * d :].permute(0, 2, 1, 3)
         cos, sin = self.rotary_emb(value, seq_len=int(position_ids.max()) + 1)
         query, key = apply_rotary_pos_emb(query, key, cos, sin, position_ids)
         return query, key, value
@@ -138,7 +172,7 @@ class NeoXAttention(nn.Module):
 
     def merge(self, attn: torch.Tensor) -> torch.Tensor:
         b, _, n, _ = attn.shape
-        return self.dense(attn.permute(0, 2, 1, 3).reshape(b, n, HIDDEN))
+        return self.dense(attn.permute(0, 2, 1, 3).reshape(b, n, self.hidden))
 
 
 def run_layer(w: Workload, ctx: RunContext, core: Core) -> torch.Tensor:
@@ -184,13 +218,15 @@ class RopeFp32Cache(Case):
     dtypes = ("float16", "bfloat16")
     modes = ("half", "autocast", "half-autocast", "fp32")
     backends = ("eager", "sdpa")
+    sizes = (Size("small", SMALL, "toy dimensions"), Size("upstream", UPSTREAM, UPSTREAM_SOURCE))
 
     def build(self, ctx: RunContext) -> Workload:
-        positions = torch.arange(FIRST_POSITION, MAX_POSITIONS).expand(BATCH, -1)
+        dims: Dims = ctx.dims
+        positions = torch.arange(dims.first_position, dims.max_positions).expand(dims.batch, -1)
         return Workload(
-            model=NeoXAttention().eval(),
+            model=NeoXAttention(dims).eval(),
             inputs={
-                "hidden_states": torch.randn(BATCH, TOKENS, HIDDEN),
+                "hidden_states": torch.randn(dims.batch, dims.tokens, dims.hidden),
                 "position_ids": positions.contiguous(),
             },
         )

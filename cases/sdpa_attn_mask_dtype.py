@@ -25,24 +25,50 @@ Every fix computes the same function: causal self-attention through one
 fixes project with the module's ``in_proj``/``out_proj`` themselves and fold the padding
 into the float mask; the MHA fixes call the module. In the float32 control the ``none``
 mask is bfloat16 (the node's own dtype), so the control raises too.
+
+Two sizes: ``SMALL`` (6 tokens) and ``UPSTREAM``, the text tower of open_clip's ViT-B-32
+(width 512, 8 heads, the 77-token context) on two captions: one filling the context and a
+20-token one, padded to 77 as open_clip's tokenizer pads every caption. Right padding under
+a causal mask leaves key 0 visible to every query, so no row is fully masked at either size.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.case import Case, FailureSignature, RunContext, Upstream, Workload, fix
+from harness.case import Case, FailureSignature, RunContext, Size, Upstream, Workload, fix
 from harness.registry import register
 
-BATCH = 2
-TOKENS = 6
-EMBED_DIM = 16
-HEADS = 2
-HEAD_DIM = EMBED_DIM // HEADS
-#: Real tokens per sequence of the batch; the rest are right padding.
-LENGTHS = (TOKENS, TOKENS - 2)
+
+@dataclass(frozen=True)
+class Dims:
+    """The attention module's dimensions and its right-padded batch."""
+
+    batch: int
+    tokens: int
+    embed_dim: int
+    heads: int
+    #: Real tokens per sequence of the batch; the rest are right padding.
+    lengths: tuple[int, ...]
+
+    @property
+    def head_dim(self) -> int:
+        return self.embed_dim // self.heads
+
+
+SMALL = Dims(batch=2, tokens=6, embed_dim=16, heads=2, lengths=(6, 4))
+#: open_clip ViT-B-32's text tower; a caption filling the context and a 20-token one.
+UPSTREAM = Dims(batch=2, tokens=77, embed_dim=512, heads=8, lengths=(77, 20))
+UPSTREAM_SOURCE = (
+    "mlfoundations/open_clip src/open_clip/model_configs/ViT-B-32.json @ 7bbd90e (the text "
+    "tower of pytorch/pytorch#99012, open_clip#484): text_cfg width=512, heads=8 (head_dim "
+    "64), context_length=77; batch 2 and caption lengths (77, 20) chosen, 20 tokens as a "
+    "typical caption length UNVERIFIED"
+)
 
 
 def other_half(dtype: torch.dtype) -> torch.dtype:
@@ -66,20 +92,22 @@ def padded_mask(causal: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
 class MaskedSelfAttention(nn.Module):
     """One ``nn.MultiheadAttention``, and its projections laid out for direct SDPA calls."""
 
-    def __init__(self) -> None:
+    def __init__(self, dims: Dims) -> None:
         super().__init__()
-        self.attn = nn.MultiheadAttention(EMBED_DIM, HEADS, batch_first=True)
+        self.dims = dims
+        self.attn = nn.MultiheadAttention(dims.embed_dim, dims.heads, batch_first=True)
 
     def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``in_proj`` as ``F.multi_head_attention_forward`` applies it, as (B, H, N, D)."""
         b, n, _ = x.shape
         packed = F.linear(x, self.attn.in_proj_weight, self.attn.in_proj_bias)
-        q, k, v = packed.view(b, n, 3, HEADS, HEAD_DIM).permute(2, 0, 3, 1, 4).unbind(0)
+        heads = packed.view(b, n, 3, self.dims.heads, self.dims.head_dim)
+        q, k, v = heads.permute(2, 0, 3, 1, 4).unbind(0)
         return q, k, v
 
     def project_out(self, out: torch.Tensor) -> torch.Tensor:
         b, _, n, _ = out.shape
-        merged = out.transpose(1, 2).reshape(b, n, EMBED_DIM)
+        merged = out.transpose(1, 2).reshape(b, n, self.dims.embed_dim)
         return self.attn.out_proj(merged)
 
 
@@ -126,14 +154,16 @@ class SdpaAttnMaskDtype(Case):
     dtypes = ("float16", "bfloat16")
     modes = ("half", "autocast", "half-autocast", "fp32")
     backends = ("sdpa",)
+    sizes = (Size("small", SMALL, "toy dimensions"), Size("upstream", UPSTREAM, UPSTREAM_SOURCE))
 
     def build(self, ctx: RunContext) -> Workload:
-        padding = torch.zeros(BATCH, TOKENS, dtype=torch.bool)
-        for row, length in enumerate(LENGTHS):
+        dims: Dims = ctx.dims
+        padding = torch.zeros(dims.batch, dims.tokens, dtype=torch.bool)
+        for row, length in enumerate(dims.lengths):
             padding[row, length:] = True
         return Workload(
-            model=MaskedSelfAttention().eval(),
-            inputs={"x": torch.randn(BATCH, TOKENS, EMBED_DIM), "padding": padding},
+            model=MaskedSelfAttention(dims).eval(),
+            inputs={"x": torch.randn(dims.batch, dims.tokens, dims.embed_dim), "padding": padding},
         )
 
     @fix(
@@ -179,7 +209,8 @@ class SdpaAttnMaskDtype(Case):
         model: MaskedSelfAttention = w.model
         x, padding = w.inputs["x"], w.inputs["padding"]
         mask = padded_mask(causal_mask(x.shape[1], None, x.device), padding)
-        per_head = mask.expand(-1, HEADS, -1, -1).reshape(-1, x.shape[1], x.shape[1])
+        heads = model.dims.heads
+        per_head = mask.expand(-1, heads, -1, -1).reshape(-1, x.shape[1], x.shape[1])
         with ctx.attention_core():
             out, _ = model.attn(x, x, x, attn_mask=per_head, need_weights=False)
         return out
