@@ -14,32 +14,60 @@ added. pytorch#103749 and transformers PR #35647 (``_unmask_unattended``): the s
 plus a position bias handed to SDPA as ``attn_mask`` gives fully ``-inf`` rows, on which
 torch 2.4.1's CPU kernel returns NaN and later versions return zeros.
 
-The block below is a small encoder self-attention with a learned relative-position bias
+The block below is an encoder self-attention with a learned relative-position bias
 (strongly negative, like the ALiBi/position bias of the repro, so the pad row's scores are
 below -16), run on a left-padded batch: causal plane, padding plane, softmax, ``@ v``,
 the output projection, then the masked mean pooling a sentence encoder applies. The
 pooling multiplies pad positions by zero, so the garbage of the pad row does not matter
 unless it is NaN, which ``0 * NaN`` carries into the pooled embedding, as in practice.
+
+Two sizes: ``SMALL`` (3 tokens, one of them a pad) and ``UPSTREAM``, OPT-125m's attention
+(the ``OPTConfig`` defaults: hidden 768, 12 heads) on a batch of 128-token sequences, the
+first with 32 left pads. The bias (``BIAS_MEAN``, ``BIAS_STD``) does not depend on the size:
+the scores ``q . k / sqrt(head_dim)`` stay near zero at either size, so every pad query row
+still sits below -16.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.case import Case, FailureSignature, RunContext, Upstream, Workload, fix
+from harness.case import Case, FailureSignature, RunContext, Size, Upstream, Workload, fix
 from harness.registry import register
 
-BATCH = 2
-TOKENS = 3
-HIDDEN = 16
-HEADS = 2
-HEAD_DIM = HIDDEN // HEADS
-#: How many left pad tokens each sequence of the batch has: [pad, tok, tok] and a full one.
-LEFT_PADS = (1, 0)
+
+@dataclass(frozen=True)
+class Dims:
+    """The attention block's dimensions and its left-padded batch."""
+
+    batch: int
+    tokens: int
+    hidden: int
+    heads: int
+    #: How many left pad tokens each sequence of the batch has (the first must have one).
+    left_pads: tuple[int, ...]
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+#: [pad, tok, tok] and a full sequence.
+SMALL = Dims(batch=2, tokens=3, hidden=16, heads=2, left_pads=(1, 0))
+#: OPT-125m's attention; 128-token sequences, the first a quarter left padding.
+UPSTREAM = Dims(batch=2, tokens=128, hidden=768, heads=12, left_pads=(32, 0))
+UPSTREAM_SOURCE = (
+    "huggingface/transformers src/transformers/models/opt/configuration_opt.py @ 014674d "
+    "(OPTConfig defaults): d_model=768, num_attention_heads=12 (head_dim 64), the "
+    "facebook/opt-125m shape (that checkpoint's config.json not checked: UNVERIFIED); "
+    "batch 2 of 128 tokens with left pads (32, 0) chosen, not from a config; the "
+    "relative-position bias is the repro's, not OPT's"
+)
 #: The learned relative-position bias sits around this value (the repro's -20): the pad
 #: row's scores are then below -16, where ``finfo(float16).min + score`` overflows.
 BIAS_MEAN = -20.0
@@ -53,18 +81,21 @@ Logits = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 class BiasedSelfAttention(nn.Module):
     """Encoder self-attention with a learned per-head relative-position bias."""
 
-    def __init__(self) -> None:
+    def __init__(self, dims: Dims) -> None:
         super().__init__()
-        self.q_proj = nn.Linear(HIDDEN, HIDDEN)
-        self.k_proj = nn.Linear(HIDDEN, HIDDEN)
-        self.v_proj = nn.Linear(HIDDEN, HIDDEN)
-        self.out_proj = nn.Linear(HIDDEN, HIDDEN)
-        self.rel_bias = nn.Parameter(BIAS_MEAN + BIAS_STD * torch.randn(HEADS, 2 * TOKENS - 1))
-        self.scale = HEAD_DIM**-0.5
+        self.dims = dims
+        hidden = dims.hidden
+        self.q_proj = nn.Linear(hidden, hidden)
+        self.k_proj = nn.Linear(hidden, hidden)
+        self.v_proj = nn.Linear(hidden, hidden)
+        self.out_proj = nn.Linear(hidden, hidden)
+        bias = BIAS_MEAN + BIAS_STD * torch.randn(dims.heads, 2 * dims.tokens - 1)
+        self.rel_bias = nn.Parameter(bias)
+        self.scale = dims.head_dim**-0.5
 
     def heads(self, x: torch.Tensor, proj: nn.Linear) -> torch.Tensor:
         b, n, _ = x.shape
-        return proj(x).view(b, n, HEADS, HEAD_DIM).transpose(1, 2)
+        return proj(x).view(b, n, self.dims.heads, self.dims.head_dim).transpose(1, 2)
 
     def position_bias(self, n: int) -> torch.Tensor:
         """(1, H, n, n): the bias of key j for query i, ``rel_bias[:, j - i + n - 1]``."""
@@ -75,7 +106,7 @@ class BiasedSelfAttention(nn.Module):
     def finish(self, attn: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
         """Merge heads, project, then the masked mean pooling over the real tokens."""
         b, _, n, _ = attn.shape
-        out = self.out_proj(attn.transpose(1, 2).reshape(b, n, HIDDEN))
+        out = self.out_proj(attn.transpose(1, 2).reshape(b, n, self.dims.hidden))
         keep = (~padding).to(out.dtype).unsqueeze(-1)
         return (out * keep).sum(dim=1) / keep.sum(dim=1)
 
@@ -142,15 +173,16 @@ class MaskFinfoMinOverflow(Case):
     dtypes = ("float16", "bfloat16")
     modes = ("half", "autocast", "half-autocast", "fp32")
     backends = ("eager", "sdpa")
+    sizes = (Size("small", SMALL, "toy dimensions"), Size("upstream", UPSTREAM, UPSTREAM_SOURCE))
 
     def build(self, ctx: RunContext) -> Workload:
-        model = BiasedSelfAttention().eval()
-        padding = torch.zeros(BATCH, TOKENS, dtype=torch.bool)
-        for row, pads in enumerate(LEFT_PADS):
+        dims: Dims = ctx.dims
+        model = BiasedSelfAttention(dims).eval()
+        padding = torch.zeros(dims.batch, dims.tokens, dtype=torch.bool)
+        for row, pads in enumerate(dims.left_pads):
             padding[row, :pads] = True
-        return Workload(
-            model=model, inputs={"x": torch.randn(BATCH, TOKENS, HIDDEN), "padding": padding}
-        )
+        x = torch.randn(dims.batch, dims.tokens, dims.hidden)
+        return Workload(model=model, inputs={"x": x, "padding": padding})
 
     @fix(
         "none",
