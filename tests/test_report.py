@@ -4,6 +4,7 @@ report's escaping, tolerance of bad input, and a look at it in a real browser.""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -18,7 +20,7 @@ import pytest
 from harness import storage
 from harness.kept import Kept
 from harness.records import Flag
-from harness.report import aggregate
+from harness.report import aggregate, grouping, render
 from harness.report.compare import compare_runs, render_comparison
 from harness.report.render import render_report, write_report
 from harness.trail_records import Promotion, Site, Trail
@@ -60,8 +62,9 @@ def test_first_passing_release_golden(frame) -> None:
 
 
 def test_first_passing_needs_every_later_release_to_pass() -> None:
-    def cells(*labels: str) -> pd.DataFrame:
-        return pd.DataFrame({"label": list(labels)})
+    def cells(*labels: str) -> tuple[int, int]:
+        """(cells passing with no flag, cells that ran) of one release."""
+        return sum(label == "passes" for label in labels), len(labels)
 
     first = aggregate._first_passing
     assert first({"2.1": cells("raises:repro"), "2.4": cells("passes")}) == "2.4"
@@ -281,13 +284,15 @@ def chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-@pytest.mark.skipif(
+needs_chromium = pytest.mark.skipif(
     chromium() is None,
     reason="Chromium is not installed (Debian package "
     "'chromium'; nox -s tests installs it where it can)",
 )
-def test_report_opens_in_headless_chromium_without_console_errors(tmp_path: Path) -> None:
-    report = write_report(render_report(aggregate.load_runs([OLD, NEW])), tmp_path / "r.html")
+
+
+def open_in_chromium(report: Path, tmp_path: Path) -> tuple[Path, list[str], str]:
+    """A screenshot, the console messages, and the DOM after loading ``report`` headless."""
     flags = [
         "--headless",
         "--no-sandbox",
@@ -313,16 +318,55 @@ def test_report_opens_in_headless_chromium_without_console_errors(tmp_path: Path
         text=True,
         timeout=120,
     )
-    assert shot.exists() and shot.stat().st_size > 50_000, result.stderr[-2000:]
+    assert shot.exists(), result.stderr[-2000:]
     console = [line for line in result.stderr.splitlines() if "CONSOLE" in line]
-    assert console == []
     dom = subprocess.run(
         [str(chromium()), *flags, "--dump-dom", report.as_uri()],
         capture_output=True,
         text=True,
         timeout=120,
     ).stdout
+    return shot, console, dom
+
+
+def bench_report() -> Any:
+    """``benchmarks/bench_report.py``, a script, loaded by its path."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_report", ROOT / "benchmarks" / "bench_report.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@needs_chromium
+def test_report_opens_in_headless_chromium_without_console_errors(tmp_path: Path) -> None:
+    report = write_report(render_report(aggregate.load_runs([OLD, NEW])), tmp_path / "r.html")
+    shot, console, dom = open_in_chromium(report, tmp_path)
+    assert shot.stat().st_size > 50_000
+    assert console == []
     assert 'id="summary-matrix"' in dom and dom.count("data:image/png;base64,") == 2
+
+
+@needs_chromium
+def test_a_report_over_ten_thousand_cells_stays_readable_in_chromium(tmp_path: Path) -> None:
+    """A nightly's worth of runs (14 torch releases on a few hosts, as ``bench_report``
+    builds them): the browser shows every case, a plot per timed case, not a row per cell."""
+    runs, cells = bench_report().synthetic_runs(tmp_path / "runs", 10_000)
+    loaded = aggregate.load_runs(runs)
+    report = write_report(render_report(loaded), tmp_path / "large.html")
+    assert cells >= 10_000 and report.stat().st_size < 2_000_000
+    shot, console, dom = open_in_chromium(report, tmp_path)
+    assert console == [] and shot.stat().st_size > 50_000
+    cases = {record.cell.case for run in loaded for record in run.records}
+    for case in cases:
+        assert f'<h2 id="case-{case}">{case}</h2>' in dom
+    assert 'id="summary-matrix"' in dom and "What differs between runs" in dom
+    assert dom.count("data:image/png;base64,") == 2  # one plot per timed case
+    assert dom.count("<tr") < cells / 10  # environments aggregated, not a row per cell
+    assert re.search(r"Cells: \d+ row\(s\) for \d+ cell\(s\) in \d+ environment\(s\)", dom)
+    assert "torch 2.1.2\u20132.14.1 · cpu · gpu-host-0" in dom  # releases named as a range
 
 
 def test_a_flagged_cell_is_shown_flagged_and_never_recommended(tmp_path: Path) -> None:
@@ -358,3 +402,48 @@ def test_a_plain_pass_that_starts_to_drift_is_a_regression() -> None:
     assert outcome_verdict(base, drifted) == "regression"
     assert outcome_verdict(drifted, base) == "improvement"
     assert outcome_verdict(base, base) is None
+
+
+def environments(*labels: str) -> grouping.Environments:
+    """The environments of a frame with one cell in each of ``labels``."""
+    rows = [
+        {"env": label, "torch_version": label.split(" · ")[0].removeprefix("torch "),
+         "device": label.split(" · ")[1], "host": aggregate.host_of(label)}
+        for label in labels
+    ]  # fmt: skip
+    return grouping.Environments(pd.DataFrame(rows))
+
+
+def test_environments_are_named_by_release_ranges_and_hosts() -> None:
+    releases = ("2.1.2", "2.2.2", "2.3.1", "2.4.1")
+    labels = [f"torch {r} · cpu · {h}" for h in ("a", "b") for r in releases]
+    envs = environments(*labels, "torch 2.4.1 · cuda:0 · a")
+    both = envs.describe(labels, labels)
+    assert both.summary == "all 8 environments"
+    assert both.text == "torch 2.1.2\u20132.4.1 · cpu · a, b"
+    gap = envs.describe([labels[0], labels[1], labels[3]], [*labels, "torch 2.4.1 · cuda:0 · a"])
+    assert (
+        gap.text == "torch 2.1.2\u20132.2.2, 2.4.1 · cpu · a" and gap.summary == "3 environments"
+    )
+    assert envs.describe([labels[2]], labels).text == "torch 2.3.1 · cpu · a"
+
+
+def test_a_cell_whose_outcome_differs_between_environments_shows_each_outcome() -> None:
+    frame = aggregate.records_frame(aggregate.load_runs([OLD, NEW]))
+    envs = grouping.Environments(frame)
+    rows = [
+        row
+        for case, mine in frame.groupby("case")
+        for row in render.cell_rows(mine[mine["outcome"] != "skipped"], envs)
+    ]
+    differing = [r for r in rows if r["variants"] > 1]
+    assert differing, "the stored runs of torch 2.4.1 and 2.13.0 differ somewhere"
+    assert sum(r["cells"] for r in rows) == (frame["outcome"] != "skipped").sum()
+    html = render_report(aggregate.load_runs([OLD, NEW]))
+    assert "differs (2 outcomes)" in html
+
+
+def test_numbers_measured_in_several_environments_keep_their_range() -> None:
+    assert grouping.spread(2.0, 1.0, 4.0, lambda v: f"{v:.1f}") == "2.0 (1.0\u20134.0)"
+    assert grouping.spread(1.0, 1.0, 1.0, lambda v: f"{v:.1f}") == "1.0"
+    assert grouping.spread(float("nan"), None, None, str) == ""

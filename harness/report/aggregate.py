@@ -6,6 +6,7 @@ listed as a problem (file and line), and everything valid is still used.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ import pandas as pd
 from harness import storage
 from harness.axes import DTYPES, MODE_NAMES, rank
 from harness.kept import Kept, fix_kept, kept
-from harness.records import DRIFT, REPRODUCES, CellRecord, Outcome, base_label, outcome_label
+from harness.records import DRIFT, REPRODUCES, Cell, CellRecord, Outcome, base_label, outcome_label
 from harness.search import release_key
 from harness.speed import SpeedRatios, record_key, speed_ratios
 from harness.summary import failure_line
@@ -57,12 +58,17 @@ def environment_label(record: CellRecord, run: Run, show_host: bool) -> str:
     return f"{label} · {run.env.get('hostname', '?')}" if show_host else label
 
 
+#: The fields of a cell, read once: ``dataclasses.asdict`` per record costs more than
+#: the rest of a frame row.
+CELL_FIELDS = tuple(f.name for f in dataclasses.fields(Cell))
+
+
 def record_row(
     record: CellRecord, run: Run, env: str, ratio: SpeedRatios | None
 ) -> dict[str, Any]:
-    perf, numerics = record.perf, record.numerics
+    perf, numerics, cell = record.perf, record.numerics, record.cell
     return {
-        **record.cell.to_dict(),
+        **{name: getattr(cell, name) for name in CELL_FIELDS},
         "row_with_backend": record.cell.row(show_backend=True),
         "row_without_backend": record.cell.row(show_backend=False),
         "run": run.name,
@@ -118,7 +124,15 @@ def records_frame(runs: Sequence[Run]) -> pd.DataFrame:
     if frame.empty:
         return frame
     frame["row"] = row_labels(frame)
+    frame["host"] = frame["env"].map({env: host_of(env) for env in frame["env"].unique()})
     return frame
+
+
+def host_of(env: str) -> str:
+    """The host named in an environment's label (``torch 2.4.1 · cpu · host``), or ``""``
+    where the label names none (every run came from one host)."""
+    parts = env.split(" · ", 2)
+    return parts[2] if len(parts) == 3 else ""
 
 
 def row_labels(frame: pd.DataFrame) -> pd.Series:
@@ -170,7 +184,8 @@ def version_view(frame: pd.DataFrame) -> pd.DataFrame:
     versions = sorted(upstream["torch_version"].unique(), key=release_key)
     rows = {}
     for case, group in upstream.groupby("case"):
-        rows[case] = {v: _reproduction_text(group[group["torch_version"] == v]) for v in versions}
+        by_version = dict(tuple(group.groupby("torch_version")))
+        rows[case] = {v: _reproduction_text(by_version.get(v, group.iloc[:0])) for v in versions}
     return pd.DataFrame.from_dict(rows, orient="index", columns=versions).fillna("not run")
 
 
@@ -180,13 +195,16 @@ def passing_by_version(frame: pd.DataFrame) -> pd.DataFrame:
     which the fix passes in every cell that ran, in every later version measured too."""
     ran = frame[frame["outcome"] != Outcome.SKIPPED.value]
     versions = sorted(ran["torch_version"].unique(), key=release_key)
+    counted = (
+        ran.assign(passed=ran["label"] == "passes")
+        .groupby(["case", "fix", "torch_version"])["passed"]
+        .agg(["sum", "size"])
+    )
     rows = {}
-    for (case, fix), cells in ran.groupby(["case", "fix"]):
-        by_version = {v: cells[cells["torch_version"] == v] for v in versions}
-        counts = {
-            v: f"{(c['label'] == 'passes').sum()}/{len(c)}" if len(c) else "not run"
-            for v, c in by_version.items()
-        }
+    for (case, fix), per_version in counted.groupby(level=["case", "fix"]):
+        found = {v: (int(n), int(of)) for (_, _, v), n, of in per_version.itertuples()}
+        by_version = {v: found.get(v, (0, 0)) for v in versions}
+        counts = {v: f"{n}/{of}" if of else "not run" for v, (n, of) in by_version.items()}
         rows[case, fix] = {**counts, FIRST_PASSING: _first_passing(by_version)}
     columns = [*versions, FIRST_PASSING]
     return pd.DataFrame.from_dict(rows, orient="index", columns=columns)
@@ -195,11 +213,12 @@ def passing_by_version(frame: pd.DataFrame) -> pd.DataFrame:
 FIRST_PASSING = "first passing"
 
 
-def _first_passing(by_version: dict[str, pd.DataFrame]) -> str:
-    measured = [(v, c) for v, c in by_version.items() if len(c)]
+def _first_passing(by_version: dict[str, tuple[int, int]]) -> str:
+    """From (cells passing, cells that ran) per version, oldest first."""
+    measured = [(v, counts) for v, counts in by_version.items() if counts[1]]
     first = None
-    for version, cells in measured:
-        all_pass = bool((cells["label"] == "passes").all())
+    for version, (passed, ran) in measured:
+        all_pass = passed == ran
         first = (first or version) if all_pass else None
     if first is None:
         return f"fails on every release through {measured[-1][0].split('+')[0]}"
@@ -215,7 +234,7 @@ def _reproduction_text(cells: pd.DataFrame) -> str:
     if repro.empty:
         return "does not reproduce"
     where = sorted(
-        {f"{r.dtype}/{r.mode}" for r in repro.itertuples()},
+        {f"{r.dtype}/{r.mode}" for r in repro.drop_duplicates(["dtype", "mode"]).itertuples()},
         key=lambda k: (rank(DTYPES, k.split("/")[0]), k),
     )
     return f"reproduces ({', '.join(where)}); {len(repro)} of {len(cells)} cells"

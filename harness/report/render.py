@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,9 +22,10 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from harness import storage
 from harness.axes import MODES
 from harness.records import DRIFT, LABELS
-from harness.report import aggregate, plots
+from harness.report import aggregate, grouping, plots
 from harness.report.aggregate import Run
 from harness.report.compare import Comparison
+from harness.report.grouping import Environments, EnvironmentSet
 from harness.summary import noise_statement
 
 LEGEND = (
@@ -76,24 +77,27 @@ def fmt_bytes(value: Any) -> str:
 
 @dataclass(frozen=True)
 class MatrixView:
-    env_spans: list[tuple[str, int]]
+    env_spans: list[tuple[EnvironmentSet, int]]
     columns: list[tuple[str, str, str]]
     rows: list[dict[str, Any]]
 
 
-def matrix_view(frame: pd.DataFrame) -> MatrixView:
+def matrix_view(frame: pd.DataFrame, envs: Environments) -> MatrixView:
+    """The summary matrix with environments whose every outcome is the same merged into one
+    column group (a nightly's releases that behave alike), so it stays as wide as what
+    differs."""
     table = aggregate.summary_matrix(frame)
     if table.empty:
         return MatrixView([], [], [])
-    columns = [tuple(c) for c in table.columns]
-    spans: list[tuple[str, int]] = []
-    for env, *_ in columns:
-        if spans and spans[-1][0] == env:
-            spans[-1] = (env, spans[-1][1] + 1)
-        else:
-            spans.append((env, 1))
+    groups = alike_environments(table)
+    columns = [c for labels in groups for c in table.columns if c[0] == labels[0]]
+    universe = frame["env"].unique()
+    spans = [
+        (envs.describe(labels, universe), sum(c[0] == labels[0] for c in columns))
+        for labels in groups
+    ]
     rows = []
-    for (case, row), values in table.iterrows():
+    for (case, row), values in table[columns].iterrows():
         cells = [
             {
                 "label": v if isinstance(v, str) else "-",
@@ -102,7 +106,21 @@ def matrix_view(frame: pd.DataFrame) -> MatrixView:
             for v in values
         ]
         rows.append({"case": case, "fix": row, "cells": cells})
-    return MatrixView(spans, columns, rows)
+    return MatrixView(spans, [tuple(c) for c in columns], rows)
+
+
+def alike_environments(table: pd.DataFrame) -> list[list[str]]:
+    """The summary matrix's environments, grouped where their columns (dtype/mode) and every
+    outcome in them are the same; in the matrix's order of first appearance."""
+    values = table.fillna("-").to_numpy()
+    positions: dict[str, list[int]] = {}
+    for i, column in enumerate(table.columns):
+        positions.setdefault(column[0], []).append(i)
+    groups: dict[tuple[Any, ...], list[str]] = {}
+    for env, where in positions.items():
+        shape = tuple(table.columns[i][1:] for i in where)
+        groups.setdefault((shape, *values[:, where].ravel()), []).append(env)
+    return list(groups.values())
 
 
 def upstream_links(meta: dict[str, Any]) -> list[tuple[str, str]]:
@@ -135,57 +153,162 @@ def text_or_none(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def cell_rows(case_frame: pd.DataFrame) -> list[dict[str, Any]]:
+def fmt_ms(seconds: Any) -> str:
+    return fmt(seconds * 1e3, ".3f") + " ms"
+
+
+#: The numbers of a cell's row, each shown as a value or a median with its range over the
+#: environments of the row: (column, how it is shown).
+NUMBERS: tuple[tuple[str, Callable[[Any], str]], ...] = (
+    ("rel_err", lambda v: fmt(v, ".2e")),
+    ("tolerance", lambda v: fmt(v, ".2e")),
+    ("median_s", fmt_ms),
+    ("vs_control", lambda v: fmt(v, ".2f")),
+    ("vs_fastest", lambda v: fmt(v, ".2f")),
+    ("peak_mem_bytes", fmt_bytes),
+    ("gflops", lambda v: fmt(v, ".2f")),
+    ("peak_fraction", lambda v: fmt(v, ".1%")),
+)
+
+
+def cell_rows(case_frame: pd.DataFrame, envs: Environments) -> list[dict[str, Any]]:
+    """One row per cell and distinct outcome: a cell with the same outcome in every
+    environment is one row; one whose outcome differs has a row per outcome, most common
+    first, each naming its environments."""
+    if case_frame.empty:
+        return []
+    keys = grouping.key_columns(case_frame)
+    show_size = "size" in case_frame and case_frame["size"].nunique() > 1
+    universe = case_frame["env"].unique()
+    fixes = dict(zip(case_frame["row"], case_frame["fix"], strict=False))
+    variants: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for found in variant_stats(case_frame, [*keys, *grouping.VARIANT]):
+        key = tuple(found[k] for k in keys)
+        variants.setdefault(key, []).append(found)
     rows = []
-    ordered = case_frame.sort_values(
-        ["fix", "backend", "env", "dtype", "mode"], key=lambda s: s.map(lambda v: (v != "none", v))
+    for key in sorted(variants, key=lambda k: grouping.cell_key_order(k, fixes)):
+        ordered = sorted(variants[key], key=lambda v: -len(v["envs"]))
+        for i, found in enumerate(ordered):
+            row = variant_row(found, envs.describe(found["envs"], universe), show_size)
+            rows.append(row | {"variants": len(ordered) if i == 0 else 0})
+    return rows
+
+
+def variant_stats(case_frame: pd.DataFrame, by: list[str]) -> list[dict[str, Any]]:
+    """Per group of ``by``: its keys, its environments, its cell count, whether a timing
+    was noisy, and each number's median, minimum and maximum (one pandas aggregation,
+    not a frame per group)."""
+    columns = [column for column, _ in NUMBERS]
+    frame = grouping.filled(case_frame, by).assign(
+        noisy=case_frame["noisy"].eq(True),
+        **{c: pd.to_numeric(case_frame[c], errors="coerce") for c in columns},
     )
-    for r in ordered.itertuples():
+    stats = frame.groupby(by, sort=False, dropna=False).agg(
+        envs=("env", "unique"),
+        cells=("env", "size"),
+        noisy=("noisy", "any"),
+        **{f"{c} {how}": (c, how) for c in columns for how in ("median", "min", "max")},
+    )
+    return [
+        dict(zip(by, key, strict=True)) | values
+        for key, values in zip(stats.index, stats.to_dict("records"), strict=True)
+    ]
+
+
+def variant_row(found: dict[str, Any], where: EnvironmentSet, show_size: bool) -> dict[str, Any]:
+    numbers = {
+        column: grouping.spread(
+            found[f"{column} median"], found[f"{column} min"], found[f"{column} max"], show
+        )
+        for column, show in NUMBERS
+    }
+    return {
+        "row": found["row"] + (f" ({found['size']})" if show_size else ""),
+        "dtype": found["dtype"],
+        "mode": found["mode"],
+        "envs": where,
+        "cells": found["cells"],
+        "label": found["label"],
+        "css": css_for(found["label"]),
+        "skip_reason": text_or_none(found["skip_reason"]),
+        "out_dtype": text_or_none(found["out_dtype"]),
+        "attn_dtype": text_or_none(found["attn_dtype"]),
+        **numbers,
+        "noisy": bool(found["noisy"]),
+    }
+
+
+def skipped_summary(case_frame: pd.DataFrame, envs: Environments) -> list[dict[str, Any]]:
+    """Skipped cells counted by reason, with the environments where they were skipped."""
+    skipped = case_frame[case_frame["outcome"] == "skipped"]
+    universe = case_frame["env"].unique()
+    return [
+        {"reason": reason, "cells": len(cells), "envs": envs.describe(cells["env"], universe)}
+        for (reason,), cells in grouping.grouped(skipped, ["skip_reason"])
+    ]
+
+
+def where_cells(cells: pd.DataFrame, envs: Environments, universe: Any) -> list[dict[str, Any]]:
+    """The cells of a message or trail: ``row · dtype/mode`` and the environments."""
+    keys = grouping.key_columns(cells)
+    return [
+        {"cell": f"{key[0]} · {key[1]}/{key[2]}", "envs": envs.describe(group["env"], universe)}
+        for key, group in grouping.grouped(cells, keys)
+    ]
+
+
+def messages(case_frame: pd.DataFrame, envs: Environments) -> list[dict[str, Any]]:
+    """Each distinct error message or note once, with every cell and environment it came
+    from."""
+    universe = case_frame["env"].unique()
+    texts = pd.concat(
+        [
+            case_frame.assign(text=case_frame[column])[lambda f: f["text"].map(is_text)]
+            for column in ("failure", "note")
+        ]
+    )
+    return [
+        {"text": text, "count": len(cells), "where": where_cells(cells, envs, universe)}
+        for (text,), cells in grouping.grouped(texts, ["text"])
+    ]
+
+
+def is_text(value: Any) -> bool:
+    return isinstance(value, str) and bool(value)
+
+
+TRAIL = ("label", "promotion", "failure_site", "compute")
+
+
+def trails(case_frame: pd.DataFrame, envs: Environments) -> list[dict[str, Any]]:
+    """The dtype trail of every cell that raised or drifted: where the wider dtype entered,
+    where it failed, what the kernels computed in; one row per distinct trail."""
+    shown = case_frame[(case_frame["outcome"] == "raises") | case_frame["drift"].fillna(False)]
+    universe = case_frame["env"].unique()
+    keys = grouping.key_columns(shown)
+    rows = []
+    for key, cells in grouping.grouped(shown, [*keys, *TRAIL]):
+        label, promotion, failure, compute = key[len(keys) :]
         rows.append(
             {
-                "row": r.row,
-                "env": r.env,
-                "dtype": r.dtype,
-                "mode": r.mode,
-                "label": r.label,
-                "css": css_for(r.label),
-                "skip_reason": text_or_none(r.skip_reason),
-                "out_dtype": text_or_none(r.out_dtype),
-                "attn_dtype": text_or_none(r.attn_dtype),
-                "rel_err": fmt(r.rel_err, ".2e"),
-                "tolerance": fmt(r.tolerance, ".2e"),
-                "median": fmt(None if pd.isna(r.median_s) else r.median_s * 1e3, ".3f")
-                + (" ms" if pd.notna(r.median_s) else "")
-                + ("~" if r.noisy is True else ""),
-                "vs_control": fmt(r.vs_control, ".2f"),
-                "vs_fastest": fmt(r.vs_fastest, ".2f"),
-                "memory": fmt_bytes(r.peak_mem_bytes),
-                "gflops": fmt(r.gflops, ".2f"),
-                "peak_fraction": fmt(r.peak_fraction, ".1%"),
+                "where": f"{key[0]} · {key[1]}/{key[2]}",
+                "envs": envs.describe(cells["env"], universe),
+                "label": label,
+                "css": css_for(label),
+                "promotion": text_or_none(promotion) or "no op left the cell's dtype",
+                "failure": text_or_none(failure) or "-",
+                "compute": text_or_none(compute) or "-",
             }
         )
     return rows
 
 
-def skipped_summary(case_frame: pd.DataFrame) -> list[tuple[str, int]]:
-    skipped = case_frame[case_frame["outcome"] == "skipped"]
-    counts = skipped.groupby(["env", "skip_reason"]).size()
-    return [(f"{env}: {reason}", int(n)) for (env, reason), n in counts.items()]
-
-
-def messages(case_frame: pd.DataFrame) -> list[dict[str, str]]:
-    found = []
-    for r in case_frame.itertuples():
-        for text in (r.failure, r.note):
-            if isinstance(text, str) and text:
-                found.append({"where": f"{r.row} · {r.env} · {r.dtype}/{r.mode}", "text": text})
-    return found
-
-
-def case_view(frame: pd.DataFrame, case: str, meta: dict[str, Any] | None) -> dict[str, Any]:
-    mine = frame[frame["case"] == case]
-    recommendation = aggregate.recommend(frame, case)
+def case_view(
+    mine: pd.DataFrame, case: str, meta: dict[str, Any] | None, envs: Environments
+) -> dict[str, Any]:
+    recommendation = aggregate.recommend(mine, case)
     passing = set(aggregate.fixes_passing_everywhere(mine))
+    universe = mine["env"].unique()
     return {
         "name": case,
         "meta": meta,
@@ -200,28 +323,13 @@ def case_view(frame: pd.DataFrame, case: str, meta: dict[str, Any] | None) -> di
             ((mine["device"] == "cpu") & mine["median_s"].notna()).any() if len(mine) else False
         ),
         "plot": plots.error_vs_time(mine, passing),
-        "rows": cell_rows(mine[mine["outcome"] != "skipped"]),
-        "skipped": skipped_summary(mine),
-        "messages": messages(mine),
-        "trails": trails(mine),
+        "environments": envs.describe(universe, universe),
+        "cell_count": len(mine),
+        "rows": cell_rows(mine[mine["outcome"] != "skipped"], envs),
+        "skipped": skipped_summary(mine, envs),
+        "messages": messages(mine, envs),
+        "trails": trails(mine, envs),
     }
-
-
-def trails(case_frame: pd.DataFrame) -> list[dict[str, str]]:
-    """The dtype trail of every cell that raised or drifted: where the wider dtype entered,
-    where it failed, what the kernels computed in."""
-    shown = case_frame[(case_frame["outcome"] == "raises") | case_frame["drift"].fillna(False)]
-    return [
-        {
-            "where": f"{r.row} · {r.env} · {r.dtype}/{r.mode}",
-            "label": r.label,
-            "css": css_for(r.label),
-            "promotion": text_or_none(r.promotion) or "no op left the cell's dtype",
-            "failure": text_or_none(r.failure_site) or "-",
-            "compute": text_or_none(r.compute) or "-",
-        }
-        for r in shown.itertuples()
-    ]
 
 
 def environment_facts(run: Run) -> list[tuple[str, str]]:
@@ -269,6 +377,35 @@ def environment_facts(run: Run) -> list[tuple[str, str]]:
     return facts
 
 
+@dataclass(frozen=True)
+class EnvironmentsView:
+    """The runs' environments: the facts all runs share once, then a row per run with the
+    facts that differ (a nightly's runs share most of theirs)."""
+
+    common: list[tuple[str, str]]
+    keys: list[str]
+    runs: list[tuple[str, list[str]]]
+
+
+def environments_view(runs: Sequence[Run]) -> EnvironmentsView:
+    facts = [dict(environment_facts(run)) for run in runs]
+    keys = list(dict.fromkeys(key for found in facts for key in found))
+    shared = [
+        key
+        for key in keys
+        if len(runs) > 1 and all(key in f and f[key] == facts[0][key] for f in facts)
+    ]
+    differing = [key for key in keys if key not in shared]
+    return EnvironmentsView(
+        common=[(key, facts[0][key]) for key in shared],
+        keys=differing,
+        runs=[
+            (run.name, [f.get(key, "") for key in differing])
+            for run, f in zip(runs, facts, strict=True)
+        ],
+    )
+
+
 EMPTY_VERSIONS: dict[str, Any] = {
     "columns": [],
     "rows": [],
@@ -306,21 +443,24 @@ def render_report(runs: Sequence[Run], comparison: Comparison | None = None) -> 
             metadata.update(storage.read_cases(run.run_dir, problems))
         except storage.ResultsError as error:
             problems.append(str(error))
-    cases = sorted(frame["case"].unique()) if not frame.empty else []
+    envs = Environments(frame)
     context = {
         "title": "ampmatrix report",
         "generated_at": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "runs": [
-            {"name": run.name, "path": str(run.run_dir), "facts": environment_facts(run)}
-            for run in runs
-        ],
+        "runs": [{"name": run.name, "path": str(run.run_dir)} for run in runs],
+        "environments": environments_view(runs),
         "problems": problems,
         "noise": noise_of(frame),
         "legend": LEGEND,
         "modes": [(mode.name, mode.meaning) for mode in MODES.values()],
-        "matrix": matrix_view(frame) if not frame.empty else MatrixView([], [], []),
+        "matrix": matrix_view(frame, envs) if not frame.empty else MatrixView([], [], []),
         "versions": version_rows(frame) if not frame.empty else EMPTY_VERSIONS,
-        "cases": [case_view(frame, case, metadata.get(case)) for case in cases],
+        "cases": [
+            case_view(mine, str(case), metadata.get(str(case)), envs)
+            for case, mine in frame.groupby("case")
+        ]
+        if not frame.empty
+        else [],
         "comparison": comparison,
     }
     return template_environment().get_template("report.html.j2").render(**context)
