@@ -2,7 +2,9 @@
 
 Builds synthetic runs from the stored result sets in ``tests/data/runs`` (the same records
 under other torch versions and hosts), then times ``report`` end to end: reading the
-results files, aggregating, plotting and rendering the HTML.
+results files (also shown on its own), aggregating, plotting and rendering the HTML; and
+``compare`` over the same cells: each run against its sibling of the other torch version
+(half the cells against the other half, with real outcome and speed changes).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 
 from harness import storage
 from harness.report.aggregate import load_runs
+from harness.report.compare import compare_runs, render_comparison
 from harness.report.render import render_report, write_report
 
 SOURCES = sorted((Path(__file__).resolve().parent.parent / "tests" / "data" / "runs").iterdir())
@@ -51,21 +54,43 @@ def synthetic_runs(root: Path, target: int) -> tuple[list[Path], int]:
     return runs, cells
 
 
-def time_report(runs: list[Path], out: Path) -> tuple[float, int]:
+def time_report(runs: list[Path], out: Path) -> tuple[float, float, int]:
+    """Seconds to read the runs, seconds end to end, and the report's size in bytes."""
     started = time.perf_counter()
-    html = render_report(load_runs(runs))
+    loaded = load_runs(runs)
+    read = time.perf_counter() - started
+    html = render_report(loaded)
     written = write_report(html, out)
-    return time.perf_counter() - started, written.stat().st_size
+    return read, time.perf_counter() - started, written.stat().st_size
+
+
+def time_compare(runs: list[Path]) -> tuple[float, int]:
+    """Seconds to compare every run with its sibling of the other torch version (the stored
+    sets come in pairs), reading included, and the number of changes found."""
+    started = time.perf_counter()
+    changes = 0
+    for base, head in zip(runs[0::2], runs[1::2], strict=False):
+        before, after = load_runs([base, head])
+        comparison = compare_runs(before, after)
+        render_comparison(comparison)
+        changes += len(comparison.changes)
+    return time.perf_counter() - started, changes
 
 
 def main(sizes: tuple[int, ...] = SIZES) -> int:
     for target in sizes:
         with tempfile.TemporaryDirectory() as tmp:
             runs, cells = synthetic_runs(Path(tmp), target)
-            elapsed, size = time_report(runs, Path(tmp) / "out" / "report.html")
+            read, elapsed, size = time_report(runs, Path(tmp) / "out" / "report.html")
             print(
-                f"report over {cells} cells in {len(runs)} runs: {elapsed:.1f} s, "
-                f"{size / 1e6:.1f} MB of HTML",
+                f"report over {cells} cells in {len(runs)} runs: {elapsed:.1f} s "
+                f"(reading {read:.1f} s), {size / 1e6:.1f} MB of HTML",
+                flush=True,
+            )
+            compared, changes = time_compare(runs)
+            print(
+                f"compare over the same {cells} cells, {len(runs) // 2} pairs of runs: "
+                f"{compared:.1f} s, {changes} changes",
                 flush=True,
             )
     return 0
