@@ -9,23 +9,46 @@ fp32 probabilities with ``v``, which is still half because the model was
 ``.eval().to(float16)`` for inference with no outer autocast. The matmul refuses the mixed
 dtypes (CUDA: ``expected scalar type Half but found Float``). The upstream class has no q/k
 norm (timm's ``Attention`` forward is overridden without it), so this case has none either.
+
+The ``upstream`` size is Sana 1600M's attention (hidden 2240, 20 heads) over the 1024 tokens
+of a 1024 px image (DC-AE f32 latent, patch 1), batch 2 (a CFG pair). The released Sana
+configs use linear attention; issue #82 swapped in this vanilla ``Attention``, so the size
+is Sana's dims in the issue's setting, not a released checkpoint.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.case import Case, FailureSignature, RunContext, Upstream, Workload, fix
+from harness.case import Case, FailureSignature, RunContext, Size, Upstream, Workload, fix
 from harness.registry import register
 
-BATCH = 2
-TOKENS = 256
-HIDDEN = 128
-HEADS = 4
+
+@dataclass(frozen=True)
+class Dims:
+    """One attention block's width and heads, and the image tokens it sees."""
+
+    batch: int
+    tokens: int
+    hidden: int
+    heads: int
+
+
+SMALL = Dims(batch=2, tokens=256, hidden=128, heads=4)
+UPSTREAM = Dims(batch=2, tokens=1024, hidden=2240, heads=20)
+UPSTREAM_SOURCE = (
+    "NVlabs/Sana diffusion/model/nets/sana_multi_scale.py @2cfb4f7 SanaMS_1600M_P1_D20: "
+    "depth=20, hidden_size=2240, num_heads=20 (head 112), patch_size=1; "
+    "configs/sana_config/1024ms/Sana_1600M_img1024.yaml (@28af99f): image_size=1024, "
+    "vae dc-ae-f32c32 (downsample 32) -> 32x32 = 1024 tokens, fp32_attention true. The "
+    "released configs use attn_type linear; issue #82 ran vanilla attention (the dims of "
+    "its model are not stated in what was read: unverified). batch=2 (a CFG pair) is a choice."
+)
 #: Standard deviation of q, k and v for unit-variance tokens: logits then have a standard
 #: deviation of about QKV_GAIN**2 (moderate, peaked softmax rows, nothing near overflow).
 QKV_GAIN = 1.8
@@ -107,10 +130,13 @@ class SanaSoftmaxFloat(Case):
     dtypes = ("float16", "bfloat16")
     modes = ("half", "autocast", "half-autocast", "fp32")
     backends = ("eager",)
+    sizes = (Size("small", SMALL, "toy dimensions"), Size("upstream", UPSTREAM, UPSTREAM_SOURCE))
 
     def build(self, ctx: RunContext) -> Workload:
-        model = SanaAttention(HIDDEN, HEADS).eval()
-        return Workload(model=model, inputs={"x": torch.randn(BATCH, TOKENS, HIDDEN)})
+        dims: Dims = ctx.dims
+        model = SanaAttention(dims.hidden, dims.heads).eval()
+        x = torch.randn(dims.batch, dims.tokens, dims.hidden)
+        return Workload(model=model, inputs={"x": x})
 
     @fix("none", rationale="upstream: q, k upcast to fp32, softmax fp32, attn @ v with half v")
     def none(self, w: Workload, ctx: RunContext) -> torch.Tensor:
