@@ -8,7 +8,9 @@ Parameter ``scale_mul_1H11``, so ``q = F.normalize(q, dim=-1).mul(scale_mul)`` i
 ``FlashAttention only support fp16 and bf16 data type``. The SDPA fallback (``slow_attn``)
 has no such contract. The model below follows the upstream forward: ``mat_qkv`` with
 ``q_bias``/``zero_k_bias``/``v_bias``, normalise-and-scale, the inference KV cache over
-VAR's growing scales, the attention kernel, ``proj``.
+VAR's growing scales, the attention kernel, ``proj``. The ``small`` size runs three scales
+of a narrow model; ``upstream`` is VAR-d16 (width 1024, 16 heads) over all ten of VAR's
+scales (680 tokens), batch 2 (one class label and its CFG twin).
 
 Where flash-attn is not installed, the ``flash-attn-contract`` backend
 (:mod:`harness.flash_contract`) enforces flash-attn's input checks and computes with SDPA;
@@ -19,21 +21,41 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.case import Case, FailureSignature, RunContext, Upstream, Workload, fix
+from harness.case import Case, FailureSignature, RunContext, Size, Upstream, Workload, fix
 from harness.flash_contract import flash_attn_contract_func, load_flash_attn_func
 from harness.registry import register
 
-EMBED_DIM = 64
-NUM_HEADS = 4
-BATCH = 2
-#: VAR's multi-scale token maps: 1x1, 2x2, 3x3 -> 1, 4, 9 tokens per inference step.
-PATCH_NUMS = (1, 2, 3)
+
+@dataclass(frozen=True)
+class Dims:
+    """The attention layer's width and heads, and the scales inference steps through."""
+
+    embed_dim: int
+    num_heads: int
+    batch: int
+    #: VAR's multi-scale token maps: a patch number ``pn`` is a step of ``pn * pn`` tokens
+    #: (1x1, 2x2, 3x3 -> 1, 4, 9 tokens).
+    patch_nums: tuple[int, ...]
+
+
+SMALL = Dims(embed_dim=64, num_heads=4, batch=2, patch_nums=(1, 2, 3))
+UPSTREAM = Dims(
+    embed_dim=1024, num_heads=16, batch=2, patch_nums=(1, 2, 3, 4, 5, 6, 8, 10, 13, 16)
+)
+UPSTREAM_SOURCE = (
+    "FoundationVision/VAR models/__init__.py @74138aa build_vae_var: "
+    "patch_nums=(1,2,3,4,5,6,8,10,13,16), heads=depth, width=depth*64; VAR-d16: depth=16 -> "
+    "embed_dim=1024, num_heads=16 (head 64), also models/var.py's defaults. batch=2: one "
+    "class label doubled for CFG (var.py next_token_map.repeat(2, 1, 1)); the demo samples "
+    "8 labels (16 rows)."
+)
 
 Kernel = Callable[..., torch.Tensor]
 QKNorm = Callable[["VarSelfAttention", torch.Tensor, torch.Tensor, bool], tuple[Any, Any]]
@@ -157,10 +179,13 @@ class VarNormalizePromotion(Case):
     modes = ("autocast", "half", "half-autocast", "fp32")
     #: sdpa first: the float64 reference runs on the first backend, on the CPU.
     backends = ("sdpa", "flash-attn", "flash-attn-contract")
+    sizes = (Size("small", SMALL, "toy dimensions"), Size("upstream", UPSTREAM, UPSTREAM_SOURCE))
 
     def build(self, ctx: RunContext) -> Workload:
-        model = VarSelfAttention(EMBED_DIM, NUM_HEADS, _kernel_for(ctx.backend)).eval()
-        scales = [torch.randn(BATCH, pn * pn, EMBED_DIM) for pn in PATCH_NUMS]
+        dims: Dims = ctx.dims
+        kernel = _kernel_for(ctx.backend)
+        model = VarSelfAttention(dims.embed_dim, dims.num_heads, kernel).eval()
+        scales = [torch.randn(dims.batch, pn * pn, dims.embed_dim) for pn in dims.patch_nums]
         return Workload(model=model, inputs={"scales": scales})
 
     def _infer(
