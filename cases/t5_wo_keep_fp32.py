@@ -18,32 +18,69 @@ code runs and says nothing. Two upstream answers:
   but found Half``. Casting the ``wo`` output back to the residual's dtype keeps the model
   half, and in float16 overflows again.
 
-The workload is one T5 feed-forward sub-layer followed by the next block's first layer norm,
-with weights large enough (as in the issues' fp16 NaNs) that the ``wo`` output is about
-73000. Outputs compared: the block's hidden state (what ``output_hidden_states`` returns)
-and the next layer norm's output. The strict fused norm is a stand-in: apex is not used; its
-dtype check is emulated with CPU ``F.layer_norm``'s mixed-dtype check, computing RMSNorm as
-the layer norm of ``[h, -h]`` (zero mean, so its variance is ``mean(h**2)``).
+The workload is one T5 feed-forward sub-layer followed by the next block's first layer
+norm, with weights large enough (as in the issues' fp16 NaNs) that the ``wo`` output is
+about 73000, just above float16's 65504, at every size: the weights' mean is derived from
+``d_model`` and ``d_ff`` (``Dims.for_widths``). The ``upstream`` size has t5-base's widths
+(``d_model`` 768, ``d_ff`` 3072) over 128 tokens. Outputs compared: the block's hidden
+state (what ``output_hidden_states`` returns) and the next layer norm's output. The strict
+fused norm is a stand-in: apex is not used; its dtype check is emulated with CPU
+``F.layer_norm``'s mixed-dtype check, computing RMSNorm as the layer norm of ``[h, -h]``
+(zero mean, so its variance is ``mean(h**2)``).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness import Case, FailureSignature, RunContext, Upstream, Workload, fix, register
+from harness import Case, FailureSignature, RunContext, Size, Upstream, Workload, fix, register
 
-BATCH = 2
-TOKENS = 3
-D_MODEL = 8
-D_FF = 64
 EPS = 1e-6
-#: Mean of ``wi`` and ``wo`` weights: with positive, unit-RMS normalised inputs the ``wi``
-#: outputs are about 8 * 12 = 96 and the ``wo`` outputs about 64 * 96 * 12 = 73728 > 65504.
-WEIGHT_MEAN = 12.0
-WEIGHT_STD = 0.25
+#: What the ``wo`` outputs come to: with positive, unit-RMS normalised inputs and weights of
+#: mean ``m``, the ``wi`` outputs are about ``d_model * m`` and the ``wo`` outputs about
+#: ``d_ff * d_model * m**2``; ``m`` is chosen so that this is 73728 > 65504 (at the small
+#: size ``m`` = 12: 8 * 12 = 96, then 64 * 96 * 12 = 73728).
+WO_OUTPUT = 73_728.0
+#: The weights' standard deviation relative to their mean (0.25 at a mean of 12).
+WEIGHT_STD_RATIO = 1 / 48
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class Dims:
+    """The sub-layer's widths, the tokens, and the ``wi``/``wo`` weight init they imply."""
+
+    batch: int
+    tokens: int
+    d_model: int
+    d_ff: int
+    #: Mean and standard deviation of the ``wi`` and ``wo`` weights (see ``WO_OUTPUT``).
+    weight_mean: float
+    weight_std: float
+
+    @classmethod
+    def for_widths(cls, batch: int, tokens: int, d_model: int, d_ff: int) -> Dims:
+        """Dims whose weight init puts the ``wo`` outputs at about ``WO_OUTPUT``."""
+        mean = (WO_OUTPUT / (d_model * d_ff)) ** 0.5
+        return cls(batch, tokens, d_model, d_ff, mean, mean * WEIGHT_STD_RATIO)
+
+
+#: weight_mean 12.0, weight_std 0.25.
+SMALL = Dims.for_widths(batch=2, tokens=3, d_model=8, d_ff=64)
+#: weight_mean ~0.177, weight_std ~0.0037.
+UPSTREAM = Dims.for_widths(batch=2, tokens=128, d_model=768, d_ff=3072)
+UPSTREAM_SOURCE = (
+    "t5-base config.json (huggingface/transformers T5Config fields, "
+    "src/transformers/models/t5/configuration_t5.py): d_model=768, d_ff=3072, "
+    "feed_forward_proj='relu', layer_norm_epsilon=1e-6; the t5-base values read from a "
+    "third-party copy of the HF pretrained-config map, not the HF file (t5-base is the "
+    "model of issues #4287, #4586, #5651). tokens=128 (#4586 feeds ~90 encoder tokens) and "
+    "batch=2 are choices; weight mean/std derived so the wo output stays ~73728."
+)
 
 
 class T5LayerNorm(nn.Module):
@@ -74,13 +111,13 @@ class T5LayerNorm(nn.Module):
 class T5DenseActDense(nn.Module):
     """``wi`` -> ReLU -> (cast to ``wo``'s dtype, PR #21281) -> ``wo``."""
 
-    def __init__(self, d_model: int, d_ff: int) -> None:
+    def __init__(self, d_model: int, d_ff: int, mean: float, std: float) -> None:
         super().__init__()
         self.wi = nn.Linear(d_model, d_ff, bias=False)
         self.wo = nn.Linear(d_ff, d_model, bias=False)
         self.act = nn.ReLU()
         for linear in (self.wi, self.wo):
-            nn.init.normal_(linear.weight, mean=WEIGHT_MEAN, std=WEIGHT_STD)
+            nn.init.normal_(linear.weight, mean=mean, std=std)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = self.act(self.wi(hidden))
@@ -93,10 +130,12 @@ class T5DenseActDense(nn.Module):
 class T5LayerFF(nn.Module):
     """Pre-norm feed-forward sub-layer with its residual add."""
 
-    def __init__(self, d_model: int, d_ff: int) -> None:
+    def __init__(self, dims: Dims) -> None:
         super().__init__()
-        self.layer_norm = T5LayerNorm(d_model)
-        self.DenseReluDense = T5DenseActDense(d_model, d_ff)
+        self.layer_norm = T5LayerNorm(dims.d_model)
+        self.DenseReluDense = T5DenseActDense(
+            dims.d_model, dims.d_ff, dims.weight_mean, dims.weight_std
+        )
 
     def forward(
         self, hidden: torch.Tensor, upcast: torch.dtype, cast_back: bool = False
@@ -108,10 +147,10 @@ class T5LayerFF(nn.Module):
 class T5FeedForwardThenNorm(nn.Module):
     """One block's ``T5LayerFF`` and the next block's first ``T5LayerNorm``."""
 
-    def __init__(self, d_model: int = D_MODEL, d_ff: int = D_FF) -> None:
+    def __init__(self, dims: Dims) -> None:
         super().__init__()
-        self.ff = T5LayerFF(d_model, d_ff)
-        self.next_layer_norm = T5LayerNorm(d_model)
+        self.ff = T5LayerFF(dims)
+        self.next_layer_norm = T5LayerNorm(dims.d_model)
 
 
 def clamp_inf_fp16(hidden: torch.Tensor) -> torch.Tensor:
@@ -165,10 +204,13 @@ class T5WoKeepFp32(Case):
     modes = ("half", "autocast", "half-autocast", "fp32")
     backends = ("eager",)
     keep_fp32 = ("ff.DenseReluDense.wo",)  # T5's _keep_in_fp32_modules = ["wo"]
+    sizes = (Size("small", SMALL, "toy dimensions"), Size("upstream", UPSTREAM, UPSTREAM_SOURCE))
 
     def build(self, ctx: RunContext) -> Workload:
-        model = T5FeedForwardThenNorm().eval()
-        hidden = 1.0 + 0.5 * torch.rand(BATCH, TOKENS, D_MODEL)  # positive: ReLU passes all
+        dims: Dims = ctx.dims
+        model = T5FeedForwardThenNorm(dims).eval()
+        # Positive: ReLU passes all.
+        hidden = 1.0 + 0.5 * torch.rand(dims.batch, dims.tokens, dims.d_model)
         return Workload(model=model, inputs={"hidden_states": hidden})
 
     @fix(
