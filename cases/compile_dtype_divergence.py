@@ -17,24 +17,48 @@ trace time (``TorchRuntimeError``).
 The latent is ``mu + eps * exp(logvar / 2)`` with a nearly deterministic posterior (``logvar``
 = -60), so the float64 reference does not depend on which random numbers were drawn, while
 the draw still runs (and goes wrong) inside the graph.
+
+Two sizes: ``SMALL`` (toy dimensions) and ``UPSTREAM``, the VAE of the #19207/#119162 repro
+(``d_model=128``, 8 heads, a 128-token vocabulary, 4 latent vectors) on a batch of 8
+sequences of 64 tokens (batch and length are not in the issues: chosen). ``LOGVAR`` does not
+depend on the size.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness import Case, FailureSignature, RunContext, Upstream, Workload, fix, register
+from harness import Case, FailureSignature, RunContext, Size, Upstream, Workload, fix, register
 
-DIM = 32
-HEADS = 4
-LATENT = 4
-VOCAB = 64
-BATCH, TOKENS = 2, 6
+
+@dataclass(frozen=True)
+class Dims:
+    """The VAE cross-attention's dimensions and its batch of token ids."""
+
+    dim: int
+    heads: int
+    #: Latent vectors the tokens attend to.
+    latent: int
+    vocab: int
+    batch: int
+    tokens: int
+
+
+SMALL = Dims(dim=32, heads=4, latent=4, vocab=64, batch=2, tokens=6)
+#: The #19207/#119162 repro's VAE; batch and sequence length chosen.
+UPSTREAM = Dims(dim=128, heads=8, latent=4, vocab=128, batch=8, tokens=64)
+UPSTREAM_SOURCE = (
+    "Lightning-AI/pytorch-lightning#19207 repro (class VAE), as reduced in "
+    "pytorch/pytorch#119162: nn.Embedding(128, embedding_dim=128), MultiheadAttention(128, 8), "
+    "latent torch.randn(B, 4, d_model, dtype=embed.dtype): dim=128, heads=8, vocab=128, "
+    "latent=4; batch 8 and 64 tokens chosen, not in either issue (UNVERIFIED)"
+)
 LOGVAR = -60.0
 
 
@@ -43,22 +67,25 @@ class LatentCrossAttention(nn.Module):
 
     basis: torch.Tensor
 
-    def __init__(self) -> None:
+    def __init__(self, dims: Dims) -> None:
         super().__init__()
-        self.tok_emb = nn.Embedding(VOCAB, DIM)
-        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(DIM, DIM) for _ in range(3))
-        self.logvar = nn.Parameter(torch.full((DIM,), LOGVAR))
-        basis, _ = torch.linalg.qr(torch.randn(DIM, DIM))
+        self.dims = dims
+        dim = dims.dim
+        self.tok_emb = nn.Embedding(dims.vocab, dim)
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(dim, dim) for _ in range(3))
+        self.logvar = nn.Parameter(torch.full((dim,), LOGVAR))
+        basis, _ = torch.linalg.qr(torch.randn(dim, dim))
         self.register_buffer("basis", basis)  # kept in fp32, as #177630's projection
 
     def heads(self, t: torch.Tensor) -> torch.Tensor:
-        return t.view(t.shape[0], -1, HEADS, DIM // HEADS).transpose(1, 2)
+        heads = self.dims.heads
+        return t.view(t.shape[0], -1, heads, self.dims.dim // heads).transpose(1, 2)
 
     def forward(
         self, tokens: torch.Tensor, noise_fp32: bool = False, cast_basis: bool = True
     ) -> torch.Tensor:
         embed = self.tok_emb(tokens)
-        mu = embed[:, :LATENT]
+        mu = embed[:, : self.dims.latent]
         if noise_fp32:
             eps = torch.randn(mu.shape, device=mu.device, dtype=torch.float32).to(mu.dtype)
         else:
@@ -66,7 +93,8 @@ class LatentCrossAttention(nn.Module):
         z = mu + eps * torch.exp(0.5 * self.logvar)
         keys = self.k_proj(z)
         basis = self.basis.to(keys.dtype) if cast_basis else self.basis
-        keys = torch.matmul(keys, basis.expand(keys.shape[0], DIM, DIM))  # keys rotated
+        dim = self.dims.dim
+        keys = torch.matmul(keys, basis.expand(keys.shape[0], dim, dim))  # keys rotated
         q, k, v = self.heads(self.q_proj(embed)), self.heads(keys), self.heads(self.v_proj(z))
         # a defensive cast before attention, as many models have (Dia PR #45)
         return F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype))
@@ -112,10 +140,12 @@ class CompileDtypeDivergence(Case):
     backends = ("sdpa",)
     compiles = ("eager", "inductor")
     keep_fp32 = ("basis",)
+    sizes = (Size("small", SMALL, "toy dimensions"), Size("upstream", UPSTREAM, UPSTREAM_SOURCE))
 
     def build(self, ctx: RunContext) -> Workload:
-        tokens = torch.randint(0, VOCAB, (BATCH, TOKENS))
-        return Workload(model=LatentCrossAttention().eval(), inputs={"tokens": tokens})
+        dims: Dims = ctx.dims
+        tokens = torch.randint(0, dims.vocab, (dims.batch, dims.tokens))
+        return Workload(model=LatentCrossAttention(dims).eval(), inputs={"tokens": tokens})
 
     @fix(
         "none",
