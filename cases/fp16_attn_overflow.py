@@ -15,26 +15,50 @@ whether an SDPA kernel overflows in float16 depends on the kernel and the torch 
 (pytorch#119131: NaNs from the math backend, not from the memory-efficient one). On the
 CPU, the fused kernel of torch 2.4.1 overflows on the unscaled ``q.k``; 2.13.0's does not.
 
-The workload is the attention core on (batch*heads, tokens, head_dim) q, k, v with one large
-activation pair (query token 0 and key token 3 set to ``hot``), at two scales computed by
-every fix: ``hot=36`` (raw ``q.k`` = 82944 exceeds 65504, the scaled logit 10368 does not)
-and ``hot=100`` (the scaled logit 80000 itself exceeds 65504). The output is the attention
+The workload is the attention core on (batch*heads, tokens, head_dim) q, k, v (``Dims``;
+the ``upstream`` size is SD 2.1-768's UNet attention at its 1280-channel level: a CFG batch
+of 2 times 20 heads of 64, over 24x24 = 576 latent tokens) with one large activation pair
+(query token 0 and key token 3 set to ``hot``), at two scales computed by every fix:
+``hot=36`` (raw ``q.k`` = 82944 exceeds 65504, the scaled logit 10368 does not) and
+``hot=100`` (the scaled logit 80000 itself exceeds 65504). The output is the attention
 output at both scales, compared leaf by leaf (``hot36``, ``hot100``), so a cell is judged
-on both at once: one non-finite scale makes it ``inaccurate``. ``upcast-attention`` computes
-the logit matmul in float32 by design; in ``half`` cells the harness flags that as drift.
+on both at once: one non-finite scale makes it ``inaccurate``. ``upcast-attention``
+computes the logit matmul in float32 by design; in ``half`` cells the harness flags that as
+drift.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness import Case, FailureSignature, RunContext, Upstream, Workload, fix, register
+from harness import Case, FailureSignature, RunContext, Size, Upstream, Workload, fix, register
 
-BATCH_HEADS = 2
-TOKENS = 16
-HEAD_DIM = 64
+
+@dataclass(frozen=True)
+class Dims:
+    """The attention core's q, k, v shape: (batch_heads, tokens, head_dim)."""
+
+    batch_heads: int
+    tokens: int
+    #: 64 at both sizes: the hot scales' logits (below) are worked out for it.
+    head_dim: int
+
+
+SMALL = Dims(batch_heads=2, tokens=16, head_dim=64)
+UPSTREAM = Dims(batch_heads=40, tokens=576, head_dim=64)
+UPSTREAM_SOURCE = (
+    "Stability-AI/stablediffusion configs/stable-diffusion/v2-inference-v.yaml (SD 2.1-768 "
+    "UNet): model_channels=320, channel_mult=[1,2,4,4], num_head_channels=64, "
+    "attention_resolutions=[4,2,1]; 768 px -> 96x96 latent. The 1280-channel level (ds 4) "
+    "has 1280/64 = 20 heads over 24x24 = 576 tokens; a CFG batch of 2 -> batch_heads=40. "
+    "Values read from a copy of the yaml (invoke-ai/InvokeAI "
+    "configs/stable-diffusion/v2-inference-v.yaml @25b3be05); which level overflowed in "
+    "diffusers#1614 is not stated there: unverified."
+)
 HOT_QUERY = 0
 HOT_KEY = 3
 #: Values of the large activation pair: (name of the output leaf, value).
@@ -47,9 +71,9 @@ class CrossAttentionCore(nn.Module):
     """The attention math of diffusers' ``CrossAttention`` (projections left out: the
     workload's q, k, v are their outputs, already split into heads)."""
 
-    def __init__(self, head_dim: int = HEAD_DIM) -> None:
+    def __init__(self, dims: Dims) -> None:
         super().__init__()
-        self.scale = head_dim**-0.5
+        self.scale = dims.head_dim**-0.5
 
     def get_attention_scores(
         self,
@@ -141,11 +165,13 @@ class Fp16AttnOverflow(Case):
     dtypes = ("float16", "bfloat16")
     modes = ("half", "autocast", "half-autocast", "fp32")
     backends = ("eager",)
+    sizes = (Size("small", SMALL, "toy dimensions"), Size("upstream", UPSTREAM, UPSTREAM_SOURCE))
 
     def build(self, ctx: RunContext) -> Workload:
-        base = [torch.randn(BATCH_HEADS, TOKENS, HEAD_DIM) for _ in range(3)]
+        dims: Dims = ctx.dims
+        base = [torch.randn(dims.batch_heads, dims.tokens, dims.head_dim) for _ in range(3)]
         inputs = {leaf: hot_inputs(base, hot) for leaf, hot in HOT_SCALES}
-        return Workload(model=CrossAttentionCore().eval(), inputs=inputs)
+        return Workload(model=CrossAttentionCore(dims).eval(), inputs=inputs)
 
     @fix("none", rationale="logits, softmax and bmm in the model dtype (no upcast flags)")
     def none(self, w: Workload, ctx: RunContext) -> dict[str, torch.Tensor]:
