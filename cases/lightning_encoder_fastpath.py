@@ -17,6 +17,11 @@ observe it, and observing the encoder changes the path: a TorchDispatchMode arou
 the native op run without autocast inside (torch 2.4.1 then passes), and module hooks turn the
 fast path off on newer torch. So the attention core (``self_attn``) is recorded only when the
 fast path is disabled; where it may be taken the observation stays empty.
+
+Two sizes: ``SMALL`` (toy dimensions) and ``UPSTREAM``, the #132613 reporter's own encoder
+(``PoseFSQAutoEncoder``: ``d_model=512``, ``nhead=16``, ``dim_feedforward=2048``, 6 layers)
+on the issue's batch of 2 clips of 10 frames. Both feed the encoder token embeddings of
+``dims.d_model``; the issue's ``Flatten`` and input ``Linear`` in front of it are left out.
 """
 
 from __future__ import annotations
@@ -24,40 +29,66 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from harness.case import Case, FailureSignature, RunContext, Upstream, Workload, fix
+from harness.case import Case, FailureSignature, RunContext, Size, Upstream, Workload, fix
 from harness.registry import register
 
-D_MODEL = 32
-NHEAD = 4
-DIM_FEEDFORWARD = 64
-NUM_LAYERS = 2
-BATCH = 2
-SEQ_LEN = 8
+
+@dataclass(frozen=True)
+class Dims:
+    """The encoder's dimensions and the batch of token embeddings it validates."""
+
+    d_model: int
+    nhead: int
+    dim_feedforward: int
+    num_layers: int
+    batch: int
+    seq_len: int
+
+
+SMALL = Dims(d_model=32, nhead=4, dim_feedforward=64, num_layers=2, batch=2, seq_len=8)
+#: #132613's ``PoseFSQAutoEncoder`` encoder and the issue's input, 2 clips of 10 frames.
+UPSTREAM = Dims(d_model=512, nhead=16, dim_feedforward=2048, num_layers=6, batch=2, seq_len=10)
+UPSTREAM_SOURCE = (
+    "pytorch/pytorch#132613 (the model of Lightning-AI/pytorch-lightning#19980): "
+    "PoseFSQAutoEncoder(hidden_dim=512, nhead=16, dim_feedforward=2048, num_layers=6), "
+    "nn.TransformerEncoderLayer(batch_first=True); input torch.randn(2, 10, 178, 3): batch 2, "
+    "10 frames (its Flatten + Linear(534, 512) in front of the encoder left out)"
+)
+#: Both sizes, for this case and the Trainer case that validates the same encoder.
+ENCODER_SIZES = (
+    Size("small", SMALL, "toy dimensions"),
+    Size("upstream", UPSTREAM, UPSTREAM_SOURCE),
+)
 
 MAT1_MAT2_DTYPES = r"mat1 and mat2 must have the same dtype, but got (BFloat16|Half) and Float"
 
 
-def build_encoder() -> nn.TransformerEncoder:
+def build_encoder(dims: Dims) -> nn.TransformerEncoder:
     """The #132613 model: batch-first post-norm encoder layers, eval mode, fp32 on the CPU."""
     layer = nn.TransformerEncoderLayer(
-        d_model=D_MODEL, nhead=NHEAD, dim_feedforward=DIM_FEEDFORWARD, batch_first=True
+        d_model=dims.d_model,
+        nhead=dims.nhead,
+        dim_feedforward=dims.dim_feedforward,
+        batch_first=True,
     )
-    return nn.TransformerEncoder(layer, num_layers=NUM_LAYERS, enable_nested_tensor=True).eval()
+    encoder = nn.TransformerEncoder(layer, num_layers=dims.num_layers, enable_nested_tensor=True)
+    return encoder.eval()
 
 
-def build_source() -> torch.Tensor:
+def build_source(dims: Dims) -> torch.Tensor:
     """One batch of token embeddings (B, L, D), fp32 on the CPU."""
-    return torch.randn(BATCH, SEQ_LEN, D_MODEL)
+    return torch.randn(dims.batch, dims.seq_len, dims.d_model)
 
 
-def encoder_workload() -> Workload:
+def encoder_workload(dims: Dims) -> Workload:
     """The encoder and its input in float32 (shared with the Trainer case)."""
-    return Workload(model=build_encoder(), inputs={"src": build_source()})
+    return Workload(model=build_encoder(dims), inputs={"src": build_source(dims)})
 
 
 def param_dtype(module: nn.Module) -> torch.dtype:
@@ -150,9 +181,10 @@ class LightningEncoderFastpath(Case):
     dtypes = ("float16", "bfloat16")
     modes = ("autocast", "half-autocast", "fp32")
     backends = ("sdpa",)
+    sizes = ENCODER_SIZES
 
     def build(self, ctx: RunContext) -> Workload:
-        return encoder_workload()
+        return encoder_workload(ctx.dims)
 
     @fix(
         "none",

@@ -12,6 +12,8 @@ into ``bf16-mixed`` by Lightning's accelerator connector.
 Lightning is imported lazily, so the module imports (and the harness skips the case) where it
 is not installed. The Trainer's ``precision=`` applies the cell's precision (the case
 ``manages_precision``); the float64 reference is ``half-true`` with ``precision="64-true"``.
+The sizes are the encoder case's: toy dimensions, and the #19980 reporter's encoder
+(``d_model=512``, 16 heads, 6 layers; ``lightning_encoder_fastpath.UPSTREAM``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from cases.lightning_encoder_fastpath import (
+    ENCODER_SIZES,
     MAT1_MAT2_DTYPES,
     encoder_workload,
     fastpath_disabled,
@@ -132,9 +135,10 @@ class LightningTrainerValidate(Case):
     backends = ("sdpa",)
     requires = ("lightning",)
     manages_precision = True  # the Trainer's precision= casts and enters autocast
+    sizes = ENCODER_SIZES
 
     def build(self, ctx: RunContext) -> Workload:
-        return encoder_workload()
+        return encoder_workload(ctx.dims)
 
     @fix(
         "none",
