@@ -73,25 +73,30 @@ def settle_worker() -> str | None:
 _SHARED: dict[execute.Workpiece, str | None] = {}
 
 
-def warm_parent(cell: Cell, limits: Limits) -> str | None:
-    """Compute (and keep) what every cell of this case shares, in one forked child,
-    single-threaded, before forking the cells: they inherit it instead of each recomputing
-    it, and a reference fix that kills its process or changes torch's global settings
-    cannot reach the worker. Returns why that child gave no result, if it did not. The
-    dtype tracer's first-use imports are done here too."""
+def warm_parent(cell: Cell, limits: Limits, threads: int) -> str | None:
+    """Compute (and keep) what every cell of this case and size shares, in one forked child,
+    before forking the cells: they inherit it instead of each recomputing it, and a
+    reference fix that kills its process or changes torch's global settings cannot reach
+    the worker. Returns why that child gave no result, if it did not. The worker itself
+    stays single-threaded (its children start their own thread pools); the dtype tracer's
+    first-use imports are done here too."""
     torch.set_num_threads(1)
     trail.warm_up()
     piece = execute.workpiece(cell)
     if piece not in _SHARED:
-        _SHARED[piece] = compute_shared(piece, limits)
+        _SHARED[piece] = compute_shared(piece, limits, threads)
     return _SHARED[piece]
 
 
-def compute_shared(piece: execute.Workpiece, limits: Limits) -> str | None:
+def compute_shared(piece: execute.Workpiece, limits: Limits, threads: int) -> str | None:
+    """The reference and baselines, computed with the cells' thread count: at model sizes
+    float32 rounding depends on how a matmul is split over threads, so a baseline computed
+    on one thread can be more exact than the same code on two (the tolerance derives from
+    the baseline)."""
     forked = run_forked(
         lambda: execute.shared_figures(piece),
         limits.timeout_s,
-        1,
+        threads,
         limits.memory_bytes,
         whose="the process computing the case's reference and baseline",
     )
@@ -177,7 +182,7 @@ def run_cells_isolated(
     When a cell kills the child or overruns, it is recorded as such and every cell after it
     runs in a child of its own (``run_cell_isolated``)."""
     settled = settle_worker()
-    shared_failure = warm_parent(cells[0], limits_of(cells[0]))
+    shared_failure = warm_parent(cells[0], limits_of(cells[0]), threads)
     if shared_failure is not None:
         for cell in cells:
             yield shared_failed(cell, shared_failure, worker)

@@ -229,3 +229,25 @@ def test_resume_is_one_process_at_a_time_same_torch_and_leaves_a_finished_run(
     other = harness("run", "--resume", str(run_dir))
     assert other.returncode == 2 and "recorded under torch 2.4.1+cu121" in other.stderr
     assert "matrix(torch='2.4.1')" in other.stderr
+
+
+def test_reference_and_baseline_run_on_as_many_threads_as_the_cells(tmp_path: Path) -> None:
+    """At model sizes float32 rounding depends on the thread count: the figures a cell is
+    judged against must come from the same number of threads as the cell."""
+    result = harness(
+        "run",
+        "--cases-dir",
+        str(FIXTURES / "thread_cases"),
+        "--case",
+        "toy-threads",
+        "--no-timing",
+        "-n",
+        "1",
+        "--out",
+        str(tmp_path),
+    )
+    assert result.returncode == 0, result.stderr
+    records = storage.read_records(only_run_dir(tmp_path))
+    assert records and all(r.outcome is Outcome.PASSES for r in records), [
+        (r.cell.id, r.numerics) for r in records
+    ]
