@@ -91,11 +91,11 @@ def context_for(case: Case, cell: Cell, observe: bool = True) -> RunContext:
     )
 
 
-def plain_cell(case: Case, dtype: str, size: str) -> Cell:
-    """The reference fix run plainly on the CPU (mode ``half``) at ``size``: in float64 it
-    is the reference, in a low-precision dtype the baseline."""
+def plain_cell(case: Case, dtype: str, size: str, device: str = "cpu") -> Cell:
+    """The reference fix run plainly (mode ``half``) at ``size``: in float64 on the CPU it
+    is the reference, in a cell's dtype on the cell's device the baseline."""
     return Cell(
-        case.name, case.reference_fix, "cpu", dtype, "half", reference_backend(case), size=size
+        case.name, case.reference_fix, device, dtype, "half", reference_backend(case), size=size
     )
 
 
@@ -229,11 +229,11 @@ def float64_leaves(output: Any) -> Leaves:
 Workpiece = tuple[str, str]
 
 #: What is computed once per process and shared by every cell of a case at one size: the
-#: float64 reference by (case, size), the baseline by (case, size, dtype). A worker fills
-#: them from a forked process (``remember_shared``), so a reference fix that crashes or
-#: changes torch's global settings cannot reach the worker.
+#: float64 reference by (case, size), the baseline by (case, size, device, dtype). A worker
+#: fills them from a forked process (``remember_shared``), so a reference fix that crashes
+#: or changes torch's global settings cannot reach the worker.
 _REFERENCES: dict[Workpiece, Leaves] = {}
-_BASELINES: dict[tuple[str, str, str], Baseline] = {}
+_BASELINES: dict[tuple[str, str, str, str], Baseline] = {}
 
 
 def workpiece(cell: Cell) -> Workpiece:
@@ -268,17 +268,21 @@ class Baseline:
     error: str | None = None
 
 
-def baseline(piece: Workpiece, dtype: str) -> Baseline:
-    """Error of a plain low-precision computation (reference fix, mode half, CPU)."""
-    if (*piece, dtype) not in _BASELINES:
-        _BASELINES[(*piece, dtype)] = compute_baseline(piece, dtype)
-    return _BASELINES[(*piece, dtype)]
+def baseline(piece: Workpiece, device: str, dtype: str) -> Baseline:
+    """Error of a plain computation in ``dtype`` on ``device`` (reference fix, mode half):
+    on the cell's own device, as PyTorch's SDPA tests compute their low-precision
+    reference, since a GPU sums in another order than a CPU (at model sizes a float32
+    control on a GPU differs from the CPU's float32 by more than 3x the CPU's error)."""
+    key = (*piece, device, dtype)
+    if key not in _BASELINES:
+        _BASELINES[key] = compute_baseline(piece, device, dtype)
+    return _BASELINES[key]
 
 
-def compute_baseline(piece: Workpiece, dtype: str) -> Baseline:
+def compute_baseline(piece: Workpiece, device: str, dtype: str) -> Baseline:
     case_name, size = piece
     case = registry.get(case_name)
-    ctx = context_for(case, plain_cell(case, dtype, size))
+    ctx = context_for(case, plain_cell(case, dtype, size, device))
     try:
         run = run_fix_checked(case, case.reference_fix, ctx, trace=False)
     except WorkloadFailed as failure:
@@ -290,15 +294,15 @@ def compute_baseline(piece: Workpiece, dtype: str) -> Baseline:
     return Baseline({leaf: n.rel_err for leaf, n in numerics.items()})
 
 
-def shared_figures(piece: Workpiece) -> bytes | None:
-    """The case's reference at one size and its baseline in each of its low-precision
+def shared_figures(piece: Workpiece, device: str) -> bytes | None:
+    """The case's reference at one size and its baseline on ``device`` in each of its
     dtypes, serialised for the process that forked this one; None when the reference fix
     raised (each cell then records why)."""
     case = registry.get(piece[0])
     try:
         reference = reference_leaves(piece)
         dtypes = dict.fromkeys((*case.dtypes, CONTROL_DTYPE))  # the fp32 control's too
-        baselines = {dtype: baseline(piece, dtype) for dtype in dtypes}
+        baselines = {dtype: baseline(piece, device, dtype) for dtype in dtypes}
     except Exception:
         return None
     buffer = io.BytesIO()
@@ -312,12 +316,12 @@ def shared_figures(piece: Workpiece) -> bytes | None:
     return buffer.getvalue()
 
 
-def remember_shared(piece: Workpiece, data: bytes) -> None:
+def remember_shared(piece: Workpiece, device: str, data: bytes) -> None:
     """Keep what ``shared_figures`` computed in another process."""
     loaded = torch.load(io.BytesIO(data), weights_only=True)
     _REFERENCES[piece] = loaded["reference"]
     for dtype, figures in loaded["baselines"].items():
-        _BASELINES[(*piece, dtype)] = Baseline(**figures)
+        _BASELINES[(*piece, device, dtype)] = Baseline(**figures)
 
 
 def forget_shared() -> None:
@@ -354,7 +358,7 @@ def judged(case: Case, cell: Cell, leaves: Leaves, record: CellRecord) -> CellRe
         return replace(
             record, outcome=Outcome.INACCURATE, out_dtype=out_dtype, error_message=problem
         )
-    base = baseline(workpiece(cell), cell.dtype)
+    base = baseline(workpiece(cell), cell.device, cell.dtype)
     per_leaf = judge_leaves(leaves, reference, dtype_of(cell.dtype), base.rel_errs)
     worst = worst_leaf(per_leaf)
     passed = all(within_tolerance(n) for n in per_leaf.values())

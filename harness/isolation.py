@@ -70,7 +70,7 @@ def settle_worker() -> str | None:
 
 #: case -> why the process computing its reference and baselines gave no result, or None
 #: once they are known (or raised, which each cell then records with its frames).
-_SHARED: dict[execute.Workpiece, str | None] = {}
+_SHARED: dict[tuple[execute.Workpiece, str], str | None] = {}
 
 
 def warm_parent(cell: Cell, limits: Limits, threads: int) -> str | None:
@@ -82,19 +82,21 @@ def warm_parent(cell: Cell, limits: Limits, threads: int) -> str | None:
     first-use imports are done here too."""
     torch.set_num_threads(1)
     trail.warm_up()
-    piece = execute.workpiece(cell)
-    if piece not in _SHARED:
-        _SHARED[piece] = compute_shared(piece, limits, threads)
-    return _SHARED[piece]
+    key = (execute.workpiece(cell), cell.device)
+    if key not in _SHARED:
+        _SHARED[key] = compute_shared(*key, limits, threads)
+    return _SHARED[key]
 
 
-def compute_shared(piece: execute.Workpiece, limits: Limits, threads: int) -> str | None:
+def compute_shared(
+    piece: execute.Workpiece, device: str, limits: Limits, threads: int
+) -> str | None:
     """The reference and baselines, computed with the cells' thread count: at model sizes
     float32 rounding depends on how a matmul is split over threads, so a baseline computed
     on one thread can be more exact than the same code on two (the tolerance derives from
     the baseline)."""
     forked = run_forked(
-        lambda: execute.shared_figures(piece),
+        lambda: execute.shared_figures(piece, device),
         limits.timeout_s,
         threads,
         limits.memory_bytes,
@@ -103,7 +105,7 @@ def compute_shared(piece: execute.Workpiece, limits: Limits, threads: int) -> st
     if forked.failure is not None:
         return forked.failure
     if forked.value is not None:
-        execute.remember_shared(piece, forked.value)
+        execute.remember_shared(piece, device, forked.value)
     return None
 
 

@@ -3,8 +3,9 @@
 The rule, written down once (every record carries the numbers it used):
 
 * ``reference`` is the case's reference fix evaluated in float64 on the CPU, same weights and
-  inputs; ``baseline`` is the same fix run plainly in the cell's dtype (mode ``half``, CPU):
-  what an honest low-precision computation of the function achieves.
+  inputs; ``baseline`` is the same fix run plainly in the cell's dtype (mode ``half``) on
+  the cell's device, thread count and size: what an honest low-precision computation of the
+  function achieves there.
 * ``rel_err(x) = max|x - reference| / max|reference|`` (a normalised max error).
 * ``tolerance = max(FUDGE * rel_err(baseline), floor(dtype))`` where ``floor`` is the
   dtype's machine epsilon. This follows PyTorch's own SDPA tests, which allow a fudge factor
