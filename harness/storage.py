@@ -93,6 +93,7 @@ CASE_FIELDS: dict[str, Any] = {
     "fixes": list[dict[str, str | None]],
     "keep_fp32": list[str],
     "manages_precision": bool,
+    "sizes": dict[str, dict[str, str | dict[str, str]]],
 }
 
 

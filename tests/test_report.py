@@ -447,3 +447,31 @@ def test_numbers_measured_in_several_environments_keep_their_range() -> None:
     assert grouping.spread(2.0, 1.0, 4.0, lambda v: f"{v:.1f}") == "2.0 (1.0\u20134.0)"
     assert grouping.spread(1.0, 1.0, 1.0, lambda v: f"{v:.1f}") == "1.0"
     assert grouping.spread(float("nan"), None, None, str) == ""
+
+
+def test_a_run_at_two_sizes_shows_each_size_apart(tmp_path: Path) -> None:
+    """The same records again at the upstream size, ten times slower: rows say their size,
+    each timed size gets its own plot, and no speed ratio mixes the sizes."""
+    run = tmp_path / "sized"
+    shutil.copytree(NEW, run)
+    upstream = []
+    for line in (run / storage.CELLS_FILE).read_text().splitlines():
+        record = json.loads(line) | {"size": "upstream"}
+        if record.get("time_median_s"):
+            record["time_median_s"] *= 10
+        upstream.append(json.dumps(record))
+    with (run / storage.CELLS_FILE).open("a") as cells:
+        cells.write("\n".join(upstream) + "\n")
+    runs = aggregate.load_runs([run])
+    frame = aggregate.records_frame(runs)
+    assert set(frame["size"]) == {"small", "upstream"}
+    sized = frame[frame["row"].str.endswith(" @upstream")]
+    assert len(sized) == len(frame) / 2 and set(sized["size"]) == {"upstream"}
+    small = frame[frame["size"] == "small"].set_index(["case", "fix", "dtype", "mode"])
+    big = sized.set_index(["case", "fix", "dtype", "mode"])
+    ratios = pd.concat([small["vs_fastest"], big["vs_fastest"]], axis=1).dropna()
+    assert len(ratios) and (ratios.iloc[:, 0] - ratios.iloc[:, 1]).abs().max() < 1e-9
+    html = render_report(runs)
+    timed_cases = frame.loc[frame["median_s"].notna(), "case"].nunique()
+    assert html.count("data:image/png;base64,") == 2 * timed_cases
+    assert "never compared across sizes" in html and "none @upstream" in html

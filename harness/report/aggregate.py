@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from harness import storage
-from harness.axes import DTYPES, MODE_NAMES, rank
+from harness.axes import DTYPES, MODE_NAMES, SIZES, SMALL_SIZE, rank
 from harness.kept import Kept, fix_kept, kept
 from harness.records import DRIFT, REPRODUCES, Cell, CellRecord, Outcome, base_label, outcome_label
 from harness.search import release_key
@@ -136,9 +136,13 @@ def host_of(env: str) -> str:
 
 
 def row_labels(frame: pd.DataFrame) -> pd.Series:
-    """``fix``, or ``fix [backend]`` for cases that ran several backends."""
+    """``fix``, or ``fix [backend]`` for cases that ran several backends, with
+    `` @upstream`` for a cell of a workload size other than ``small`` (every figure says
+    which size it is from)."""
     backends = frame.groupby("case")["backend"].transform("nunique")
-    return frame["row_with_backend"].where(backends > 1, frame["row_without_backend"])
+    rows = frame["row_with_backend"].where(backends > 1, frame["row_without_backend"])
+    sized = frame["size"] != SMALL_SIZE
+    return rows.where(~sized, rows + " @" + frame["size"])
 
 
 def env_order(frame: pd.DataFrame) -> list[str]:
@@ -158,8 +162,11 @@ def column_order(frame: pd.DataFrame) -> list[tuple[str, str, str]]:
 
 def row_order(frame: pd.DataFrame) -> list[tuple[str, str]]:
     """(case, row) pairs: cases by name, the upstream path ``none`` first in each."""
-    pairs = frame.drop_duplicates(["case", "row"])[["case", "row", "fix"]]
-    ordered = sorted(pairs.itertuples(index=False), key=lambda p: (p.case, p.fix != "none", p.row))
+    pairs = frame.drop_duplicates(["case", "row"])[["case", "row", "fix", "size"]]
+    ordered = sorted(
+        pairs.itertuples(index=False),
+        key=lambda p: (p.case, rank(SIZES, p.size), p.fix != "none", p.row),
+    )
     return [(p.case, p.row) for p in ordered]
 
 
@@ -319,7 +326,7 @@ def recommend(frame: pd.DataFrame, case: str) -> Recommendation:
 def fallback_cost(case_frame: pd.DataFrame, fallback: str, chosen: str) -> str:
     """``fp32: an fp32 fallback; 1.8x the time and 2.0x the memory of cast-kv-to-q``,
     medians over the columns where both were measured."""
-    columns = ["env", "dtype", "mode"]
+    columns = ["env", "size", "dtype", "mode"]  # never a ratio across workload sizes
     pair = case_frame[case_frame["fix"].isin([fallback, chosen])]
     by_column = pair.pivot_table(
         index=columns, columns="fix", values=["median_s", "peak_mem_bytes"], aggfunc="median"

@@ -20,7 +20,7 @@ import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from harness import storage
-from harness.axes import MODES
+from harness.axes import MODES, SIZES, rank
 from harness.records import DRIFT, LABELS
 from harness.report import aggregate, grouping, plots
 from harness.report.aggregate import Run
@@ -303,6 +303,16 @@ def trails(case_frame: pd.DataFrame, envs: Environments) -> list[dict[str, Any]]
     return rows
 
 
+def size_plots(mine: pd.DataFrame, passing: set[str]) -> list[tuple[str, str | None]]:
+    """One error-vs-time plot per workload size that was timed (speed is never drawn
+    across sizes), as (size, data URI); the one plot of a case that ran one size."""
+    sizes = sorted(mine["size"].unique(), key=lambda s: rank(SIZES, s)) if len(mine) else []
+    timed = [s for s in sizes if mine.loc[mine["size"] == s, "median_s"].notna().any()]
+    if len(sizes) <= 1 or not timed:
+        return [("", plots.error_vs_time(mine, passing))]
+    return [(size, plots.error_vs_time(mine[mine["size"] == size], passing)) for size in timed]
+
+
 def case_view(
     mine: pd.DataFrame, case: str, meta: dict[str, Any] | None, envs: Environments
 ) -> dict[str, Any]:
@@ -322,7 +332,7 @@ def case_view(
         "cpu_timed": bool(
             ((mine["device"] == "cpu") & mine["median_s"].notna()).any() if len(mine) else False
         ),
-        "plot": plots.error_vs_time(mine, passing),
+        "plots": size_plots(mine, passing),
         "environments": envs.describe(universe, universe),
         "cell_count": len(mine),
         "rows": cell_rows(mine[mine["outcome"] != "skipped"], envs),
