@@ -378,11 +378,11 @@ def default_report_path(run_dirs: Sequence[Path]) -> Path:
 
 
 def command_report(args: argparse.Namespace) -> int:
-    from harness.report.aggregate import load_run
+    from harness.report.aggregate import load_run, load_runs_for_report
     from harness.report.compare import compare_runs
     from harness.report.render import render_report, write_report
 
-    runs = [load_run(existing_run_dir(d)) for d in args.run_dirs]
+    runs = load_runs_for_report([existing_run_dir(d) for d in args.run_dirs])
     out = args.out or default_report_path(args.run_dirs)
     inputs = [*args.run_dirs, *([args.baseline] if args.baseline else [])]
     check_output(out, inputs, "--out")
@@ -390,7 +390,8 @@ def command_report(args: argparse.Namespace) -> int:
         check_output(args.markdown, inputs, "--markdown")
     comparison = None
     if args.baseline:
-        comparison = compare_runs(load_run(existing_run_dir(args.baseline)), runs[-1])
+        base = load_run(existing_run_dir(args.baseline))
+        comparison = compare_runs(base, load_run(existing_run_dir(args.run_dirs[-1])))
     warn([p for loaded in runs for p in loaded.problems])
     print(f"report: {write_report(render_report(runs, comparison), out)}")
     if args.markdown:

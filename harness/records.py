@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from enum import Enum
+from functools import cache
 from typing import Any
 
 from harness.axes import SMALL_SIZE
@@ -182,6 +183,30 @@ class Perf:
 
 #: Sub-records flattened into the record's JSON object, and the field that says one is there.
 NESTED = {"numerics": (Numerics, "tolerance"), "perf": (Perf, "time_median_s")}
+#: Fields of a record built from more than their own JSON value.
+TYPED_FIELDS = (
+    "cell",
+    "outcome",
+    "flags",
+    "error_frames",
+    "warnings",
+    "leaves",
+    "crash_kind",
+    "trail",
+    *NESTED,
+)
+
+
+@cache
+def field_names(kind: type) -> tuple[str, ...]:
+    """A dataclass's field names, read once (reading a run builds thousands of records)."""
+    return tuple(f.name for f in dataclasses.fields(kind))
+
+
+@cache
+def plain_field_names() -> tuple[str, ...]:
+    """The fields of a record taken from the JSON object as they are."""
+    return tuple(name for name in field_names(CellRecord) if name not in TYPED_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -256,25 +281,12 @@ class CellRecord:
         if version < 2:
             data = migrate_v1(data)
         nested: dict[str, Any] = {
-            name: kind(**{f.name: data.get(f.name) for f in dataclasses.fields(kind)})
+            name: kind(**{field: data.get(field) for field in field_names(kind)})
             if data.get(marker) is not None
             else None
             for name, (kind, marker) in NESTED.items()
         }
-        typed = (
-            "cell",
-            "outcome",
-            "flags",
-            "error_frames",
-            "warnings",
-            "leaves",
-            "crash_kind",
-            "trail",
-            *NESTED,
-        )
-        plain: dict[str, Any] = {
-            f.name: data.get(f.name) for f in dataclasses.fields(cls) if f.name not in typed
-        }
+        plain: dict[str, Any] = {name: data.get(name) for name in plain_field_names()}
         crash_kind = data.get("crash_kind")
         leaves = data.get("leaves")
         record = cls(

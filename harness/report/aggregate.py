@@ -7,6 +7,9 @@ listed as a problem (file and line), and everything valid is still used.
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
+import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +34,9 @@ class Run:
     env: dict[str, Any]
     records: list[CellRecord]
     problems: list[str] = field(default_factory=list)
+    #: The report's rows of the records (``run_rows``), where computed ahead (then
+    #: ``records`` may be dropped: rows are cheaper to send between processes).
+    rows: list[dict[str, Any]] | None = None
 
     @property
     def name(self) -> str:
@@ -53,9 +59,39 @@ def load_runs(run_dirs: Sequence[Path]) -> list[Run]:
     return [load_run(Path(d)) for d in run_dirs]
 
 
-def environment_label(record: CellRecord, run: Run, show_host: bool) -> str:
-    label = f"torch {record.torch_version.split('+')[0]} · {record.cell.device}"
-    return f"{label} · {run.env.get('hostname', '?')}" if show_host else label
+#: Results files beyond this many bytes in all are read by several processes at once.
+PARALLEL_BYTES = 4_000_000
+
+
+def load_runs_for_report(run_dirs: Sequence[Path], processes: int | None = None) -> list[Run]:
+    """The runs with their report rows computed and their records dropped: what a report
+    needs. Many runs (a nightly over every release) are read by one process per core,
+    since reading and checking a record is most of a large report's time."""
+    dirs = [Path(d) for d in run_dirs]
+    processes = min(processes or os.cpu_count() or 1, len(dirs))
+    if processes < 2 or results_bytes(dirs) < PARALLEL_BYTES:
+        return [load_rows(d) for d in dirs]
+    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+    with context.Pool(processes) as pool:
+        return pool.map(load_rows, dirs, chunksize=max(1, len(dirs) // (processes * 4)))
+
+
+def results_bytes(dirs: Sequence[Path]) -> int:
+    files = (d / storage.CELLS_FILE for d in dirs)
+    return sum(f.stat().st_size for f in files if f.is_file())
+
+
+def load_rows(run_dir: Path) -> Run:
+    """One run as a report reads it: rows instead of records."""
+    run = load_run(run_dir)
+    return Run(run.run_dir, run.env, [], run.problems, run_rows(run))
+
+
+def environment_labels(frame: pd.DataFrame, show_host: bool) -> pd.Series:
+    """``torch 2.4.1 · cpu``, with `` · host`` where the runs came from several hosts."""
+    release = frame["torch_version"].str.split("+").str[0]
+    labels = "torch " + release + " · " + frame["device"]
+    return labels + " · " + frame["hostname"] if show_host else labels
 
 
 #: The fields of a cell, read once: ``dataclasses.asdict`` per record costs more than
@@ -63,9 +99,7 @@ def environment_label(record: CellRecord, run: Run, show_host: bool) -> str:
 CELL_FIELDS = tuple(f.name for f in dataclasses.fields(Cell))
 
 
-def record_row(
-    record: CellRecord, run: Run, env: str, ratio: SpeedRatios | None
-) -> dict[str, Any]:
+def record_row(record: CellRecord, run: Run, ratio: SpeedRatios | None) -> dict[str, Any]:
     perf, numerics, cell = record.perf, record.numerics, record.cell
     return {
         **{name: getattr(cell, name) for name in CELL_FIELDS},
@@ -73,7 +107,7 @@ def record_row(
         "row_without_backend": record.cell.row(show_backend=False),
         "run": run.name,
         "torch_version": record.torch_version,
-        "env": env,
+        "hostname": str(run.env.get("hostname", "?")),
         "outcome": record.outcome.value,
         "label": outcome_label(record),
         "base_label": base_label(record),
@@ -111,18 +145,21 @@ def record_row(
     }
 
 
+def run_rows(run: Run) -> list[dict[str, Any]]:
+    """A row per record of the run, with its speed ratios (computed within the run)."""
+    ratios = speed_ratios(run.records)
+    return [record_row(r, run, ratios.get(record_key(r))) for r in run.records]
+
+
 def records_frame(runs: Sequence[Run]) -> pd.DataFrame:
     """One row per cell per run, with its environment label and speed ratios."""
     show_host = len({run.env.get("hostname") for run in runs}) > 1
-    rows = []
-    for run in runs:
-        ratios = speed_ratios(run.records)
-        for record in run.records:
-            env = environment_label(record, run, show_host)
-            rows.append(record_row(record, run, env, ratios.get(record_key(record))))
-    frame = pd.DataFrame(rows)
+    frame = pd.DataFrame(
+        [row for run in runs for row in (run.rows if run.rows is not None else run_rows(run))]
+    )
     if frame.empty:
         return frame
+    frame["env"] = environment_labels(frame, show_host)
     frame["row"] = row_labels(frame)
     frame["host"] = frame["env"].map({env: host_of(env) for env in frame["env"].unique()})
     return frame
