@@ -110,6 +110,17 @@ def peak_memory_cuda(fn: Callable[[], Any], device: torch.device) -> int:
     return int(torch.cuda.max_memory_allocated(device) - before)
 
 
+def flops_and_memory(fn: Callable[[], Any], device: torch.device) -> tuple[int | None, int, str]:
+    """FLOPs and peak memory from one call: the FLOP counter runs inside the memory
+    measurement (it adds Python work per op, no tensor). Where the counter gave up part-way
+    through the call, a second call measures the memory."""
+    flops: list[int | None] = []
+    memory, method = peak_memory(lambda: flops.append(count_flops(fn)), device)
+    if flops[0] is None:
+        memory, method = peak_memory(fn, device)
+    return flops[0], memory, method
+
+
 def peak_memory(fn: Callable[[], Any], device: torch.device) -> tuple[int, str]:
     if device.type == "cuda":
         return peak_memory_cuda(fn, device), "cuda-allocator"
@@ -165,8 +176,7 @@ def square_gemm(n: int, device: torch.device, dtype: torch.dtype) -> Callable[[]
 
 def perf_figures(fn: Callable[[], Any], device: torch.device, dtype: str, timing: Timing) -> Perf:
     """The timing of ``fn`` with its FLOPs, throughput and peak memory on ``device``."""
-    flops = count_flops(fn)
-    memory, memory_method = peak_memory(fn, device)
+    flops, memory, memory_method = flops_and_memory(fn, device)
     peak, measured_at = peak_matmul_gflops(str(device), dtype)
     return perf_record(timing, flops, memory, memory_method, peak, measured_at)
 

@@ -35,6 +35,23 @@ def test_cpu_peak_memory_counts_live_tensors_not_rss() -> None:
     assert 2 * size <= peak < 3 * size
 
 
+def test_one_call_gives_the_flops_and_the_same_peak_as_a_call_of_its_own() -> None:
+    x = torch.randn(256, 256)
+
+    def two_matmuls() -> torch.Tensor:
+        return (x @ x) @ x
+
+    calls = []
+
+    def counted() -> torch.Tensor:
+        calls.append(1)
+        return two_matmuls()
+
+    flops, memory, method = perf.flops_and_memory(counted, torch.device("cpu"))
+    assert (flops, method, len(calls)) == (2 * 2 * 256**3, "cpu-profiler", 1)
+    assert memory == perf.peak_memory_cpu(two_matmuls)
+
+
 def test_flops_of_a_matmul() -> None:
     a, b = torch.randn(8, 16), torch.randn(16, 4)
     assert perf.count_flops(lambda: a @ b) == 2 * 8 * 16 * 4
@@ -55,6 +72,9 @@ def test_flops_unknown_where_a_formula_refuses_the_shapes(monkeypatch: pytest.Mo
     monkeypatch.setattr(perf, "FlopCounterMode", counter)
     a, b = torch.randn(8, 16), torch.randn(16, 4)
     assert perf.count_flops(lambda: a @ b) is None
+    # the counter gave up part-way: the memory comes from a call of its own
+    flops, memory, _ = perf.flops_and_memory(lambda: (a @ b).relu(), torch.device("cpu"))
+    assert flops is None and memory == perf.peak_memory_cpu(lambda: (a @ b).relu())
     timing = Timing((0.002,), 1, 0.002, 0.0, 0.002, False, "fake")
     record = perf.perf_record(timing, flops=None, memory=0, memory_method="m", peak_gflops=8.0)
     assert (record.flops, record.gflops, record.peak_fraction) == (None, None, None)
