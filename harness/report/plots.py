@@ -17,7 +17,7 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 
 def to_data_uri(figure: Figure) -> str:
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=96, bbox_inches="tight")
+    figure.savefig(buffer, format="png", dpi=96)  # constrained layout already fits it
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
@@ -77,7 +77,8 @@ def marker_groups(points: pd.DataFrame) -> tuple[str, str]:
 
 
 def _fix_of(row: str) -> str:
-    return row.split(" [")[0]
+    """The fix of a row label (``fix [backend] @size``)."""
+    return row.split(" [")[0].split(" @")[0]
 
 
 def _legends(
