@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from harness.case import Case, FailureSignature, RunContext, Size, Upstream, Workload, fix
+    from harness.plugin import check_model
     from harness.registry import register
 
 AUTHORING_API = {
@@ -25,6 +26,7 @@ AUTHORING_API = {
     "Workload": "harness.case",
     "fix": "harness.case",
     "register": "harness.registry",
+    "check_model": "harness.plugin",
 }
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "Size",
     "Upstream",
     "Workload",
+    "check_model",
     "fix",
     "register",
 ]

@@ -427,13 +427,15 @@ def raised(case: Case, error: BaseException, record: CellRecord) -> CellRecord:
     """A cell whose fix raised. It reproduces when the error (or a class it derives from,
     so Dynamo's ``TorchRuntimeError`` counts as a ``RuntimeError``) and message match."""
     fields = error_fields(error, case_root(case))
-    assert case.failure is not None
     failure = case.failure
     kinds = [k.__name__ for k in type(error).__mro__]
     return replace(
         record,
         outcome=Outcome.RAISES,
-        reproduces=any(failure.matches(kind, fields["error_message"]) for kind in kinds),
+        # a model checked by the user has no known failure: its errors are just errors
+        reproduces=any(failure.matches(kind, fields["error_message"]) for kind in kinds)
+        if failure
+        else None,
         compile_error=from_compiler(error) if record.cell.compile != "eager" else None,
         **fields,
     )

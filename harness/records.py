@@ -357,12 +357,15 @@ LABELS = (
     ),
     Label("timeout", "timeout", "ran past its time limit"),
     Label("skipped", "skipped", "not possible in that environment"),
+    Label("raises", "raises-other", "fails with an error (a model you check: no known one)"),
 )
 
 
 def base_label(record: CellRecord) -> str:
     """The outcome's label without flags: ``raises:repro``, ``passes``, ..."""
     if record.outcome is Outcome.RAISES:
+        if record.reproduces is None:
+            return Outcome.RAISES.value  # no known failure to match (a model you check)
         return REPRODUCES if record.reproduces else "raises:OTHER"
     return record.outcome.value
 

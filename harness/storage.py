@@ -200,6 +200,21 @@ def run_lock(run_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
+#: Taken, blocking, by processes that add to a shared run's metadata (pytest-xdist workers
+#: of the pytest plugin writing one run folder).
+METADATA_LOCK_FILE = ".ampmatrix-metadata.lock"
+
+
+@contextmanager
+def metadata_lock(run_dir: Path) -> Iterator[None]:
+    fd = os.open(run_dir / METADATA_LOCK_FILE, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 @dataclass
 class RunResults:
     run_dir: Path

@@ -1,0 +1,210 @@
+"""The pytest plugin: your model through the matrix, one test item per cell.
+
+Installed with ampmatrix (the ``pytest11`` entry point ``ampmatrix``)::
+
+    from harness import check_model
+
+    @check_model(dtypes=("float16", "bfloat16"), modes=("autocast", "half"))
+    def test_my_block():
+        return MyBlock(64), {"x": torch.randn(2, 16, 64)}
+
+The function is a factory (see :mod:`harness.model_case`); pytest runs one item per cell,
+``test_my_block[float16-half]`` and so on, plus the float32 control. A cell passes when the
+output is finite and within tolerance of the same model in float64, with no flag (a mode's
+promise the model broke); otherwise it fails with what raised or drifted and where float32
+entered. ``expect={"float16/half": "inaccurate"}`` marks a known, accepted failure (the
+item is an xfail; it fails when the outcome changes). ``--ampmatrix-results DIR`` appends
+every cell's record to the run folder ``DIR`` for ``python -m harness report DIR``.
+
+Nothing here imports torch until a test asks for the matrix, so the plugin costs nothing in
+projects that do not use it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from harness.case import Case
+    from harness.model_case import Matrix
+    from harness.records import Cell, CellRecord
+
+MARK = "__ampmatrix_model__"
+CELL_ARG = "ampmatrix_cell"
+
+
+@dataclass(frozen=True)
+class ModelTest:
+    """A decorated factory, the matrix it asks for, and the failures it accepts."""
+
+    factory: Callable[..., Any]
+    matrix: Matrix
+    expect: Mapping[str, str] = field(default_factory=dict)
+
+    def case(self, name: str, source: str) -> Case:
+        from harness import registry
+        from harness.model_case import model_case
+
+        return registry.find(name) or model_case(name, self.factory, self.matrix, source)
+
+
+def check_model(
+    *,
+    devices: tuple[str, ...] = ("cpu",),
+    dtypes: tuple[str, ...] = ("float16", "bfloat16"),
+    modes: tuple[str, ...] = ("autocast", "half"),
+    backends: tuple[str, ...] = ("sdpa",),
+    compiles: tuple[str, ...] = ("eager",),
+    keep_fp32: tuple[str, ...] = (),
+    expect: Mapping[str, str] | None = None,
+) -> Callable[[Callable[..., Any]], Callable[[Any], None]]:
+    """Turn a factory of ``(model, inputs)`` into one test per cell of the matrix asked for.
+
+    ``devices`` may name ``cuda`` (every visible GPU; skipped where there is none);
+    ``backends`` are passed to a factory that takes the cell's context (``ctx.backend``);
+    ``expect`` maps ``"dtype/mode"`` (any of device, dtype, mode, backend and compile,
+    joined by ``/``) to the outcome label accepted there, e.g. ``"raises"`` or
+    ``"passes[drift]"``.
+    """
+    from harness.model_case import Matrix  # torch is imported here, by a test module
+
+    matrix = Matrix(devices, dtypes, modes, backends, compiles, keep_fp32)
+
+    def decorate(factory: Callable[..., Any]) -> Callable[[Any], None]:
+        spec = ModelTest(factory, matrix, dict(expect or {}))
+
+        def test(ampmatrix_cell: Any) -> None:
+            run_model_cell(spec, ampmatrix_cell)
+
+        functools.update_wrapper(test, factory)
+        del test.__wrapped__  # type: ignore[attr-defined]  # pytest reads the signature: the cell, not the factory's
+        setattr(test, MARK, spec)
+        return test
+
+    return decorate
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("ampmatrix", "ampmatrix: models through the mixed-precision matrix")
+    group.addoption(
+        "--ampmatrix-results",
+        metavar="DIR",
+        type=Path,
+        help="append every model cell's record to the run folder DIR (for harness report)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _RESULTS
+    _RESULTS = config.getoption("ampmatrix_results", None)
+
+
+_RESULTS: Path | None = None
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    spec: ModelTest | None = getattr(metafunc.function, MARK, None)
+    if spec is None:
+        return
+    from harness.matrix import expand
+    from harness.model_case import case_name
+
+    case = spec.case(case_name(metafunc.function.__name__), str(metafunc.definition.path))
+    plan = expand([case])
+    cells = [*plan.to_run, *(cell for cell, _ in plan.skipped)]
+    reasons = dict(plan.skipped)
+    params = [
+        pytest.param(
+            cell,
+            id=cell_id(cell, cells),
+            marks=[pytest.mark.skip(reason=reasons[cell])] if cell in reasons else [],
+        )
+        for cell in cells
+    ]
+    metafunc.parametrize(CELL_ARG, params)
+
+
+def cell_id(cell: Cell, cells: list[Cell]) -> str:
+    """The axes that vary among the cells: ``float16-half``, ``cuda:0-bfloat16-autocast``."""
+    axes = ("device", "dtype", "mode", "backend", "compile", "size")
+    varying = [a for a in axes if len({getattr(c, a) for c in cells}) > 1]
+    return "-".join(getattr(cell, a) for a in varying or ("dtype", "mode"))
+
+
+def run_model_cell(spec: ModelTest, cell: Cell) -> None:
+    """Run the cell, keep its record where asked, and pass, xfail or fail the test."""
+    from harness import execute
+
+    record = execute.run_cell(cell)
+    if _RESULTS is not None:
+        keep_record(_RESULTS, record)
+    verdict(record, expected_label(spec.expect, cell))
+
+
+def expected_label(expect: Mapping[str, str], cell: Cell) -> str | None:
+    values = {cell.device, cell.device.split(":")[0], cell.dtype, cell.mode, cell.backend}
+    values.add(cell.compile)
+    matches = [label for key, label in expect.items() if set(key.split("/")) <= values]
+    return matches[0] if matches else None
+
+
+def verdict(record: CellRecord, expected: str | None) -> None:
+    from harness.records import Outcome, outcome_label
+
+    label = outcome_label(record)
+    plain_pass = record.outcome is Outcome.PASSES and not record.flags
+    if expected is not None:
+        if label == expected:
+            pytest.xfail(f"accepted: {label}: {failure_message(record)}")
+        pytest.fail(
+            f"{record.cell.dtype}/{record.cell.mode}: expected {expected}, got {label}"
+            + ("" if plain_pass else f": {failure_message(record)}")
+            + ("; it passes now: drop it from expect" if plain_pass else ""),
+            pytrace=False,
+        )
+    if not plain_pass:
+        pytest.fail(f"{label}: {failure_message(record)}", pytrace=False)
+
+
+def failure_message(record: CellRecord) -> str:
+    """What went wrong, as a user can act on it: the error or the error figures, the flags,
+    and where a wider dtype entered and which op refused it (the dtype trail)."""
+    from harness.summary import failure_line
+
+    parts = [f"{record.cell.device} {record.cell.dtype}/{record.cell.mode}"]
+    line = failure_line(record)
+    if line:
+        parts.append(line)
+    trail = record.trail
+    if trail and trail.promotion and "enters" not in (line or ""):
+        parts.append(f"float32 enters: {trail.promotion.describe()}")
+    if record.out_dtype:
+        parts.append(f"output {record.out_dtype}")
+    return "; ".join(parts)
+
+
+def keep_record(run_dir: Path, record: CellRecord) -> None:
+    """Append the record to the run folder, with the environment and the case's metadata
+    (written by the first process that needs them; several pytest-xdist workers share it)."""
+    import json
+    import sys
+
+    from harness import registry, storage
+    from harness.environment import capture_environment
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with storage.metadata_lock(run_dir):
+        if not (run_dir / storage.ENV_FILE).exists():
+            storage.write_env(run_dir, capture_environment(["pytest", *sys.argv[1:]]))
+        cases_path = run_dir / storage.CASES_FILE
+        cases = json.loads(cases_path.read_text()) if cases_path.exists() else []
+        if record.cell.case not in {c.get("name") for c in cases}:
+            cases.append(registry.get(record.cell.case).metadata())
+            storage.write_json_atomic(cases_path, cases)
+    storage.append_record(run_dir, record)
