@@ -1,0 +1,116 @@
+"""The pytest plugin as a user meets it: test files of their own, run by pytest."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import harness
+
+PROMOTING = '''
+import torch
+from torch import nn
+from harness import check_model
+
+
+class Scaled(nn.Module):
+    """A gain kept in float32 (as some models keep norms) promotes the activations."""
+
+    def __init__(self):
+        super().__init__()
+        self.gain = nn.Parameter(torch.ones(16))
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.proj(x * self.gain)
+
+
+@check_model(modes=("half", "autocast"), keep_fp32=("gain",))
+def test_scaled():
+    return Scaled(), {"x": torch.randn(2, 4, 16)}
+'''
+
+
+def outcomes_of(result: pytest.RunResult) -> dict[str, int]:
+    return {k: v for k, v in result.parseoutcomes().items() if k != "seconds"}
+
+
+def test_a_promoting_model_fails_naming_the_parameter_that_promoted(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_promote=PROMOTING)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    # half: two dtypes fail; autocast (two dtypes) and the float32 control pass
+    assert outcomes_of(result) == {"failed": 2, "passed": 3}
+    result.stdout.fnmatch_lines(
+        [
+            "*test_scaled[[]float16-half[]]*",
+            "*raises: cpu float16/half; RuntimeError: mat1 and mat2 must have the same dtype*"
+            "float32 enters via parameter gain at aten::mul in Scaled*"
+            "fails at aten::addmm*in proj*",
+        ]
+    )
+    assert "test_scaled[float32-fp32] PASSED" in pytester.runpytest_subprocess("-v").stdout.str()
+
+
+def test_an_accepted_failure_is_an_xfail_and_fails_when_it_changes(
+    pytester: pytest.Pytester,
+) -> None:
+    accepted = PROMOTING.replace(
+        'keep_fp32=("gain",))',
+        'keep_fp32=("gain",), expect={"float16/half": "raises", "bfloat16/autocast": "raises"})',
+    )
+    pytester.makepyfile(test_accepted=accepted)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rxf")
+    assert outcomes_of(result) == {"failed": 2, "passed": 2, "xfailed": 1}
+    result.stdout.fnmatch_lines(
+        [
+            "*test_scaled[[]bfloat16-half[]]*",
+            "*bfloat16/autocast: expected raises, got passes; it passes now: drop it from expect*",
+            "XFAIL*test_scaled[[]float16-half[]]*accepted: raises*",
+        ]
+    )
+
+
+def test_results_folder_renders_as_a_report(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    pytester.makepyfile(test_promote=PROMOTING)
+    run = tmp_path / "run"
+    pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-n", "2", f"--ampmatrix-results={run}"
+    )
+    lines = (run / "cells.jsonl").read_text().splitlines()
+    assert len(lines) == 5 and {json.loads(line)["case"] for line in lines} == {"test-scaled"}
+    assert json.loads((run / "cases.json").read_text())[0]["name"] == "test-scaled"
+    report = harness("report", str(run), "--out", str(tmp_path / "report.html"))
+    assert report.returncode == 0, report.stderr
+    html = (tmp_path / "report.html").read_text()
+    assert "test-scaled" in html and "raises" in html and "parameter gain" in html
+
+
+def test_a_factory_returning_the_wrong_thing_is_told_so(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_wrong="""
+import torch
+from harness import check_model
+
+@check_model(modes=("half",))
+def test_wrong():
+    return torch.nn.Linear(4, 4)
+"""
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["*test-wrong returned Linear; expected (model, inputs)*"])
+
+
+def test_the_plugin_leaves_other_test_files_alone(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_plain="""
+import sys
+
+def test_plain():
+    assert "torch" not in sys.modules
+"""
+    )
+    assert outcomes_of(pytester.runpytest_subprocess("-p", "no:cacheprovider")) == {"passed": 1}
