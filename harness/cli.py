@@ -6,6 +6,7 @@ import argparse
 import math
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from harness.case import Case, size_metadata
 from harness.config import RunConfig
 from harness.isolation import DEFAULT_TIMEOUT_S, Limits
 from harness.matrix import Selection, SelectionError
+from harness.model_case import ModelCheckError
 from harness.records import Cell
 from harness.registry import CaseContractError
 from harness.run import discover_cases, missing_cells, resume, run
@@ -71,66 +73,62 @@ def add_cases_dir(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ampmatrix", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    list_parser = commands.add_parser("list", help="list cases, fixes, axes, upstream links")
-    add_cases_dir(list_parser)
-    run_parser = commands.add_parser("run", help="run the matrix and write results")
-    add_cases_dir(run_parser)
-    for axis in AXIS_FLAGS:
-        run_parser.add_argument(
+def add_run_options(parser: argparse.ArgumentParser, axes: tuple[str, ...]) -> None:
+    """The options ``run`` and ``check`` share: the selection flags of ``axes``, where the
+    results go, workers, timing, limits."""
+    for axis in axes:
+        parser.add_argument(
             f"--{axis}",
             action="append",
             metavar="NAME",
             help=f"only this {axis} (repeatable, or comma-separated)" + AXIS_HELP.get(axis, ""),
         )
-    run_parser.add_argument(
+    parser.add_argument(
         "--out",
         type=Path,
         default=Path("results"),
         metavar="DIR",
         help="results root; the run goes to DIR/<run-id> (default results)",
     )
-    run_parser.add_argument(
+    parser.add_argument(
         "-n",
         "--workers",
         default="auto",
         type=worker_count_arg,
         help="worker processes (default auto: one per core; 0: in-process)",
     )
-    run_parser.add_argument(
+    parser.add_argument(
         "--no-timing", action="store_true", help="skip the timing phase (correctness only)"
     )
-    run_parser.add_argument(
+    parser.add_argument(
         "--no-trace",
         action="store_true",
         help="no dtype trail and no drift check in correctness cells (measures their cost)",
     )
-    run_parser.add_argument(
+    parser.add_argument(
         "--time-budget",
         type=positive_float,
         default=TimingConfig.budget_s,
         metavar="SECONDS",
         help=f"sampling time allowed per timed cell (default {TimingConfig.budget_s})",
     )
-    run_parser.add_argument(
+    parser.add_argument(
         "--flush-l2", action="store_true", help="on CUDA, flush the L2 cache before each sample"
     )
-    run_parser.add_argument(
+    parser.add_argument(
         "--timeout",
         type=positive_float,
         default=DEFAULT_TIMEOUT_S,
         metavar="SECONDS",
         help=f"time limit per cell; a case may set its own (default {DEFAULT_TIMEOUT_S:g})",
     )
-    run_parser.add_argument(
+    parser.add_argument(
         "--memory-limit",
         type=memory_gib,
         metavar="GIB",
         help="memory limit per cell process (RLIMIT_DATA); beyond it allocations fail",
     )
-    run_parser.add_argument(
+    parser.add_argument(
         "--batch",
         type=batch_size,
         default=RunConfig.batch,
@@ -138,21 +136,72 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"cells of one case sharing a forked process (default {RunConfig.batch}; "
         "1: every cell in a process of its own)",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ampmatrix", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    list_parser = commands.add_parser("list", help="list cases, fixes, axes, upstream links")
+    add_cases_dir(list_parser)
+    run_parser = commands.add_parser("run", help="run the matrix and write results")
+    add_cases_dir(run_parser)
+    add_run_options(run_parser, tuple(AXIS_FLAGS))
     run_parser.add_argument(
         "--resume",
         type=Path,
         metavar="RUN_DIR",
         help="finish a stopped run: only its missing cells run (selection flags not allowed)",
     )
-    run_parser.add_argument(
+    add_report_dir(run_parser)
+    add_check_parser(commands)
+    add_report_parsers(commands)
+    add_bisect_parser(commands)
+    return parser
+
+
+def add_report_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
         "--report-dir",
         type=Path,
         metavar="DIR",
         help="also render the run's HTML report into DIR/<run-id>.html",
     )
-    add_report_parsers(commands)
-    add_bisect_parser(commands)
-    return parser
+
+
+#: The selection flags of ``check``: a model has no fixes or sizes of its own to pick.
+CHECK_AXES = ("device", "dtype", "mode", "backend", "compile")
+
+
+def add_check_parser(commands: Any) -> None:
+    check = commands.add_parser(
+        "check",
+        help="run your own model through the matrix: MODULE:FACTORY returns (model, inputs)",
+    )
+    check.add_argument("targets", nargs="+", metavar="MODULE:FACTORY")
+    check.add_argument(
+        "--keep-fp32",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a module or parameter (dotted name) your model keeps in float32 when cast",
+    )
+    add_run_options(check, CHECK_AXES)
+    add_report_dir(check)
+
+
+def command_check(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """``run`` over the models the targets build: same pipeline, results and report."""
+    from harness.model_case import target_name
+
+    names = tuple(target_name(t) for t in args.targets)
+    config = replace(
+        config_from(args, argv),
+        selection=replace(selection_from(args), cases=names),
+        models=tuple(args.targets),
+        models_path=str(Path.cwd()),
+        keep_fp32=tuple(split_values(args.keep_fp32)),
+    )
+    return show_run(run(config), args.report_dir)
 
 
 def add_report_parsers(commands: Any) -> None:
@@ -285,7 +334,7 @@ def selection_from(args: argparse.Namespace) -> Selection:
     than read as "every case"."""
     values = {}
     for flag, field in AXIS_FLAGS.items():
-        given = getattr(args, flag)
+        given = getattr(args, flag, None)
         values[field] = split_values(given)
         if given is not None and not values[field]:
             raise SelectionError(f"--{flag.replace('_', '-')} was given no name")
@@ -303,7 +352,7 @@ def config_from(args: argparse.Namespace, argv: Sequence[str]) -> RunConfig:
     timing = TimingConfig(budget_s=args.time_budget, flush_l2=args.flush_l2)
     return RunConfig(
         selection=selection_from(args),
-        cases_dirs=tuple(args.cases_dir),
+        cases_dirs=tuple(getattr(args, "cases_dir", ())),
         results_root=args.out,
         workers=args.workers,
         command=("python -m harness", *argv),
@@ -483,8 +532,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return command_compare(args)
         if args.command == "bisect":
             return command_bisect(args)
+        if args.command == "check":
+            return command_check(args, argv)
         return command_run(args, argv)
-    except (CaseContractError, SelectionError, storage.ResultsError) as error:
+    except (CaseContractError, SelectionError, storage.ResultsError, ModelCheckError) as error:
         print(f"ampmatrix: error: {error}", file=sys.stderr)
         return 2
     except OSError as error:  # a folder that is a file, read-only, full: one line, no trace

@@ -33,6 +33,11 @@ class RunConfig:
     #: At most this many cells of one case share a forked process in the correctness phase
     #: (``--batch``; 1: every cell in a process of its own).
     batch: int = 16
+    #: Models checked by ``check`` (``MODULE:FACTORY``), the folder their modules are
+    #: imported from, and the names they keep in float32 (``--keep-fp32``).
+    models: tuple[str, ...] = ()
+    models_path: str = ""
+    keep_fp32: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -45,6 +50,9 @@ class RunConfig:
             "limits": dataclasses.asdict(self.limits),
             "trace": self.trace,
             "batch": self.batch,
+            "models": list(self.models),
+            "models_path": self.models_path,
+            "keep_fp32": list(self.keep_fp32),
         }
 
     @classmethod
@@ -67,6 +75,9 @@ class RunConfig:
             limits=Limits(**as_mapping(data.get("limits") or {}, "limits")),
             trace=data.get("trace", True),
             batch=data.get("batch", 1),  # runs before batching ran a cell per process
+            models=strings(data.get("models"), "models"),
+            models_path=data.get("models_path") or "",
+            keep_fp32=strings(data.get("keep_fp32"), "keep_fp32"),
         )
         for part in (config.selection, config.limits, config.timing):
             if part is not None:
@@ -74,6 +85,7 @@ class RunConfig:
         for name, value in (
             ("results_root", data.get("results_root")),
             ("workers", config.workers),
+            ("models_path", config.models_path),
         ):
             if value is not None and not isinstance(value, str):
                 raise TypeError(mismatch(name, str, value))

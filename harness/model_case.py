@@ -30,8 +30,10 @@ from typing import Any, ClassVar
 import torch
 
 from harness import registry
-from harness.axes import CONTROL_MODE, LOW_PRECISION_DTYPES
+from harness.axes import CONTROL_MODE, DEVICE_KINDS, LOW_PRECISION_DTYPES
 from harness.case import Case, RunContext, Upstream, Workload, fix
+from harness.config import RunConfig
+from harness.matrix import Selection
 
 #: The keys under which positional inputs, and the forward function where the factory
 #: gave one, travel in a workload's inputs (values that are not tensors stay as they are).
@@ -148,14 +150,27 @@ def model_case(name: str, factory: Factory, matrix: Matrix, source_file: str) ->
     return registry.add_model_case(cls())
 
 
-def load_target(target: str) -> tuple[Factory, str]:
-    """The factory named by ``MODULE:FACTORY`` (importable from the working directory too)
-    and the file it is defined in."""
+def split_target(target: str) -> tuple[str, str]:
+    """``MODULE:FACTORY`` as its two parts, or a ``ModelCheckError`` saying what is wrong."""
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise ModelCheckError(f"{target!r}: expected MODULE:FACTORY, e.g. models:build_block")
-    if "" not in sys.path and str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
+    return module_name, attribute
+
+
+def target_name(target: str) -> str:
+    """The case name of a target: its factory's name (``models:build_block`` ->
+    ``build-block``)."""
+    return case_name(split_target(target)[1])
+
+
+def load_target(target: str, path: str = "") -> tuple[Factory, str]:
+    """The factory named by ``MODULE:FACTORY`` (importable from ``path``, the folder
+    ``check`` ran in, too) and the file it is defined in."""
+    module_name, attribute = split_target(target)
+    folder = path or str(Path.cwd())
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     try:
         module = importlib.import_module(module_name)
     except Exception as error:
@@ -166,8 +181,32 @@ def load_target(target: str) -> tuple[Factory, str]:
     return factory, str(Path(inspect.getfile(factory)).resolve())
 
 
-def target_case(target: str, matrix: Matrix) -> Case:
+def target_case(target: str, matrix: Matrix, path: str = "") -> Case:
     """The case of ``MODULE:FACTORY`` (registered once per process)."""
-    factory, source = load_target(target)
-    name = case_name(target.partition(":")[2])
-    return registry.find(name) or model_case(name, factory, matrix, source)
+    name = target_name(target)
+    found = registry.find(name)
+    if found is not None:
+        return found
+    factory, source = load_target(target, path)
+    return model_case(name, factory, matrix, source)
+
+
+def matrix_of(selection: Selection, keep_fp32: tuple[str, ...]) -> Matrix:
+    """The cells ``check`` asks of a model: what the selection names, else the defaults
+    (every device kind, both half dtypes, autocast and half, SDPA, eager)."""
+    default = Matrix()
+    return Matrix(
+        devices=DEVICE_KINDS,
+        dtypes=tuple(d for d in selection.dtypes if d in LOW_PRECISION_DTYPES) or default.dtypes,
+        modes=selection.modes or default.modes,
+        backends=selection.backends or default.backends,
+        compiles=selection.compiles or default.compiles,
+        keep_fp32=keep_fp32,
+    )
+
+
+def registered_models(config: RunConfig) -> list[Case]:
+    """The cases of the models a ``check`` run names (registered in every process of the
+    run: the runner and each pytest worker)."""
+    matrix = matrix_of(config.selection, config.keep_fp32)
+    return [target_case(target, matrix, config.models_path) for target in config.models]

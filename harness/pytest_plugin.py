@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 
-from harness import execute, registry, storage
+from harness import execute, model_case, registry, storage
 from harness.config import RunConfig
 from harness.isolation import (
     Limits,
@@ -62,6 +62,7 @@ class PlanFile(pytest.File):
         run_dir = Path(plan["run_dir"])
         config = RunConfig.of_run_plan(storage.read_run_plan(run_dir))
         registry.discover(config.cases_dirs)
+        model_case.registered_models(config)
         limits = config.limits
         for batch in plan.get("batches", []):
             cells = [Cell.from_dict(data) for data in batch]

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 
-from harness import execute, registry, storage
+from harness import execute, model_case, registry, storage
 from harness.axes import SIZES, SMALL_SIZE, TIMED_SIZE, rank
 from harness.case import Case
 from harness.config import RunConfig
@@ -37,8 +37,14 @@ def discover_cases(cases_dirs: Sequence[Path]) -> list[Case]:
     return registry.all_cases()
 
 
-def plan_run(config: RunConfig) -> Plan:
+def run_cases(config: RunConfig) -> list[Case]:
+    """The run's cases: its case folders, and the models ``check`` names."""
     cases = discover_cases(config.cases_dirs)
+    return cases + model_case.registered_models(config)
+
+
+def plan_run(config: RunConfig) -> Plan:
+    cases = run_cases(config)
     check_selection(cases, config.selection)
     plan = expand(cases, config.selection)
     if not plan.total:
@@ -389,8 +395,8 @@ def saved_state(run_dir: Path) -> tuple[RunConfig, Plan, int]:
     check_same_torch(run_dir)
     config = replace(config, results_root=run_dir.parent)
     try:
-        discover_cases(config.cases_dirs)
-    except CaseContractError as error:
+        run_cases(config)
+    except (CaseContractError, model_case.ModelCheckError) as error:
         raise storage.ResultsError(f"{run_dir / storage.RUN_PLAN_FILE}: {error}") from error
     done = {record.cell for record in storage.read_records(run_dir, problems=[])}
     plan = Plan(

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from harness import storage
 from tests.conftest import harness
 
 PROMOTING = '''
@@ -114,3 +117,51 @@ def test_plain():
 """
     )
     assert outcomes_of(pytester.runpytest_subprocess("-p", "no:cacheprovider")) == {"passed": 1}
+
+
+def check(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m harness check ...`` run from a project folder of the user's."""
+    (tmp_path / "mymodels.py").write_text(MODELS)
+    return subprocess.run(
+        [sys.executable, "-m", "harness", "check", *args, "--out", str(tmp_path / "results")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+MODELS = PROMOTING.replace("from harness import check_model\n", "").replace(
+    '@check_model(modes=("half", "autocast"), keep_fp32=("gain",))\ndef test_scaled():',
+    "def scaled():",
+)
+
+
+def test_check_runs_a_model_of_yours_through_the_matrix(tmp_path: Path) -> None:
+    result = check(tmp_path, "mymodels:scaled", "--keep-fp32", "gain", "--device", "cpu",
+                   "--no-timing", "-n", "1")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "scaled\n  fix   float16/autocast  float16/half" in result.stdout
+    assert "float32 enters via parameter gain at aten::mul in Scaled" in result.stdout
+    records = storage.read_records(next((tmp_path / "results").iterdir()))
+    by_mode = {(r.cell.dtype, r.cell.mode): r.outcome.value for r in records}
+    assert by_mode == {
+        ("float16", "autocast"): "passes",
+        ("bfloat16", "autocast"): "passes",
+        ("float16", "half"): "raises",
+        ("bfloat16", "half"): "raises",
+        ("float32", "fp32"): "passes",
+    }
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("mymodels", "expected MODULE:FACTORY"),
+        ("nomodule:f", "cannot import nomodule"),
+        ("mymodels:nothing", "mymodels has no function 'nothing'"),
+    ],
+)
+def test_check_refuses_a_target_it_cannot_use(tmp_path: Path, target: str, message: str) -> None:
+    result = check(tmp_path, target, "--no-timing")
+    assert result.returncode == 2 and message in result.stderr, result.stderr
