@@ -134,6 +134,21 @@ def test_a_python_level_check_is_found_through_the_traceback() -> None:
     assert trail.failure_site.input_dtypes == ("float32", "float16", "float16")
 
 
+def test_float32_statistics_beside_a_half_result_are_no_promotion() -> None:
+    """CPU SDPA returns its logsumexp in float32 beside the half output, and layer norm its
+    mean and rstd: the trail must not call that a promotion."""
+    model = nn.Linear(8, 8).half()
+    q = torch.randn(1, 2, 4, 8, dtype=torch.float16)
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+    def attend() -> Any:
+        out, logsumexp = flash(q, q, q)[:2]
+        assert (out.dtype, logsumexp.dtype) == (torch.float16, torch.float32)
+        return torch.ops.aten.native_layer_norm(model(out), [8], None, None, 1e-5)
+
+    assert traced(model, attend).promotion is None
+
+
 def test_kernels_report_the_dtype_they_computed_in() -> None:
     model = nn.Linear(8, 8)
     x = torch.randn(4, 8)
