@@ -329,6 +329,40 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_report.py")
 
 
+#: The model libraries the zoo installs, per torch release: releases of its time. (timm
+#: is left out: it needs torchvision, and PyPI's torchvision is built for CUDA torch, so
+#: with a CPU build of torch it fails at import: "operator torchvision::nms does not exist".)
+ZOO_FOR_TORCH = {
+    "2.13.0": ("transformers==5.23.0", "diffusers==0.42.1"),
+    "2.4.1": ("transformers==4.46.3", "diffusers==0.31.0"),
+}
+#: pytest's exit codes that mean the zoo's tests ran: 0 every cell passed, 1 some cells
+#: failed (findings about the models, kept in the results and the report).
+ZOO_RAN = [0, 1]
+
+
+@nox.session(python=PYTHON)
+def zoo(session: nox.Session) -> None:
+    """Real models (transformers, diffusers, timm; small configs, random weights) through
+    the pytest plugin: results in results/zoo-torch<version>-<time>, its report, a summary."""
+    version = default_version()
+    if version not in ZOO_FOR_TORCH:
+        session.error(
+            f"no zoo requirements for torch {version} (known: {', '.join(ZOO_FOR_TORCH)})"
+        )
+    install_with_torch(session, version, "-e", ".[test]", *ZOO_FOR_TORCH[version])
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    run_dir = Path("results") / f"zoo-torch{version}-{stamp}"
+    session.run(
+        "pytest", "zoo", "-n", "auto", "-p", "no:cacheprovider", "-q", "-rfx",
+        f"--ampmatrix-results={run_dir}", *session.posargs, success_codes=ZOO_RAN,
+    )  # fmt: skip
+    session.run(
+        "python", "-m", "harness", "report", str(run_dir), "--out", f"reports/{run_dir.name}.html"
+    )
+    session.run("python", "zoo/summarize.py", str(run_dir))
+
+
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The harness's own tests, spread over all cores."""
