@@ -208,6 +208,9 @@ class Case:
     #: ``upstream``, each with its dimensions and the config they come from. A case without
     #: sizes runs at one size, ``small``, and ``ctx.dims`` is None.
     sizes: ClassVar[tuple[Size, ...]] = ()
+    #: The reference is computed on each cell's own backend (not the case's reference
+    #: backend): for a model built differently per backend, with other weights, say.
+    reference_per_backend: ClassVar[bool] = False
     source_file: str = ""
 
     @property

@@ -91,12 +91,11 @@ def context_for(case: Case, cell: Cell, observe: bool = True) -> RunContext:
     )
 
 
-def plain_cell(case: Case, dtype: str, size: str, device: str = "cpu") -> Cell:
+def plain_cell(case: Case, dtype: str, size: str, device: str = "cpu", backend: str = "") -> Cell:
     """The reference fix run plainly (mode ``half``) at ``size``: in float64 on the CPU it
     is the reference, in a cell's dtype on the cell's device the baseline."""
-    return Cell(
-        case.name, case.reference_fix, device, dtype, "half", reference_backend(case), size=size
-    )
+    backend = backend or reference_backend(case)
+    return Cell(case.name, case.reference_fix, device, dtype, "half", backend, size=size)
 
 
 def apply_precision(workload: Workload, case: Case, ctx: RunContext) -> Workload:
@@ -226,18 +225,25 @@ def float64_leaves(output: Any) -> Leaves:
 
 
 #: A case at one workload size: what a reference and its baselines belong to.
-Workpiece = tuple[str, str]
+#: A case at one workload size, with the backend its reference runs on: what a reference
+#: and its baselines belong to.
+Workpiece = tuple[str, str, str]
 
 #: What is computed once per process and shared by every cell of a case at one size: the
 #: float64 reference by (case, size), the baseline by (case, size, device, dtype). A worker
 #: fills them from a forked process (``remember_shared``), so a reference fix that crashes
 #: or changes torch's global settings cannot reach the worker.
 _REFERENCES: dict[Workpiece, Leaves] = {}
-_BASELINES: dict[tuple[str, str, str, str], Baseline] = {}
+_BASELINES: dict[tuple[str, str, str, str, str], Baseline] = {}
 
 
 def workpiece(cell: Cell) -> Workpiece:
-    return cell.case, cell.size
+    """The reference a cell is judged against: its case's at its size, on the case's
+    reference backend, or on the cell's own where the case builds a different model per
+    backend (a model of yours whose factory reads ``ctx.backend``)."""
+    case = registry.get(cell.case)
+    backend = cell.backend if case.reference_per_backend else reference_backend(case)
+    return cell.case, cell.size, backend
 
 
 def reference_leaves(piece: Workpiece) -> Leaves:
@@ -248,9 +254,9 @@ def reference_leaves(piece: Workpiece) -> Leaves:
 
 
 def compute_reference(piece: Workpiece) -> Leaves:
-    case_name, size = piece
+    case_name, size, backend = piece
     case = registry.get(case_name)
-    ctx = context_for(case, plain_cell(case, "float64", size))
+    ctx = context_for(case, plain_cell(case, "float64", size, backend=backend))
     try:
         run = run_fix_checked(case, case.reference_fix, ctx, trace=False)
     except WorkloadFailed as failure:
@@ -280,9 +286,9 @@ def baseline(piece: Workpiece, device: str, dtype: str) -> Baseline:
 
 
 def compute_baseline(piece: Workpiece, device: str, dtype: str) -> Baseline:
-    case_name, size = piece
+    case_name, size, backend = piece
     case = registry.get(case_name)
-    ctx = context_for(case, plain_cell(case, dtype, size, device))
+    ctx = context_for(case, plain_cell(case, dtype, size, device, backend))
     try:
         run = run_fix_checked(case, case.reference_fix, ctx, trace=False)
     except WorkloadFailed as failure:
