@@ -165,3 +165,22 @@ def test_check_runs_a_model_of_yours_through_the_matrix(tmp_path: Path) -> None:
 def test_check_refuses_a_target_it_cannot_use(tmp_path: Path, target: str, message: str) -> None:
     result = check(tmp_path, target, "--no-timing")
     assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_each_backend_is_judged_against_its_own_model(pytester: pytest.Pytester) -> None:
+    """A factory that builds another model per backend (transformers' attention classes
+    draw their random weights in another order) is judged backend by backend."""
+    pytester.makepyfile(
+        test_backends="""
+import torch
+from harness import check_model
+
+@check_model(modes=("half",), backends=("sdpa", "eager"))
+def test_per_backend(ctx):
+    if ctx.backend == "eager":
+        torch.randn(7)  # the eager model's weights come out different
+    return torch.nn.Linear(8, 8), {"input": torch.randn(2, 8)}
+"""
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    assert outcomes_of(result) == {"passed": 6}
