@@ -101,11 +101,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    global _RESULTS
+    global _RESULTS, _COMMAND
     _RESULTS = config.getoption("ampmatrix_results", None)
+    # a pytest-xdist worker's own arguments are not the user's: its controller's are
+    worker_input: dict[str, Any] = getattr(config, "workerinput", {})
+    argv = worker_input.get("mainargv") or ["pytest", *config.invocation_params.args]
+    _COMMAND = [str(arg) for arg in argv]
 
 
 _RESULTS: Path | None = None
+#: The command that ran the tests, recorded in a results folder's ``env.json``.
+_COMMAND: list[str] = ["pytest"]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -193,7 +199,6 @@ def keep_record(run_dir: Path, record: CellRecord) -> None:
     """Append the record to the run folder, with the environment and the case's metadata
     (written by the first process that needs them; several pytest-xdist workers share it)."""
     import json
-    import sys
 
     from harness import registry, storage
     from harness.environment import capture_environment
@@ -201,7 +206,7 @@ def keep_record(run_dir: Path, record: CellRecord) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     with storage.metadata_lock(run_dir):
         if not (run_dir / storage.ENV_FILE).exists():
-            storage.write_env(run_dir, capture_environment(["pytest", *sys.argv[1:]]))
+            storage.write_env(run_dir, capture_environment(_COMMAND))
         cases_path = run_dir / storage.CASES_FILE
         cases = json.loads(cases_path.read_text()) if cases_path.exists() else []
         if record.cell.case not in {c.get("name") for c in cases}:
