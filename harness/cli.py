@@ -183,7 +183,8 @@ def add_check_parser(commands: Any) -> None:
         action="append",
         default=[],
         metavar="NAME",
-        help="a module or parameter (dotted name) your model keeps in float32 when cast",
+        help="a module or parameter (dotted name) your model keeps in float32 when cast; "
+        "FACTORY=NAME for one target's model only",
     )
     add_run_options(check, CHECK_AXES)
     add_report_dir(check)

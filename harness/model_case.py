@@ -208,8 +208,26 @@ def matrix_of(selection: Selection, keep_fp32: tuple[str, ...]) -> Matrix:
     )
 
 
+def keep_for(target: str, keep_fp32: tuple[str, ...]) -> tuple[str, ...]:
+    """The ``--keep-fp32`` names that apply to ``target``: ``NAME`` applies to every target,
+    ``FACTORY=NAME`` to that factory's model only."""
+    factory = split_target(target)[1]
+    kept = []
+    for entry in keep_fp32:
+        owner, _, name = entry.rpartition("=")
+        if not owner or owner == factory:
+            kept.append(name)
+    return tuple(kept)
+
+
 def registered_models(config: RunConfig) -> list[Case]:
     """The cases of the models a ``check`` run names (registered in every process of the
     run: the runner and each pytest worker)."""
-    matrix = matrix_of(config.selection, config.keep_fp32)
-    return [target_case(target, matrix, config.models_path) for target in config.models]
+    return [
+        target_case(
+            target,
+            matrix_of(config.selection, keep_for(target, config.keep_fp32)),
+            config.models_path,
+        )
+        for target in config.models
+    ]

@@ -186,3 +186,19 @@ def test_per_backend(ctx):
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     assert outcomes_of(result) == {"passed": 6}
+
+
+def test_check_keeps_a_name_for_the_model_it_names(tmp_path: Path) -> None:
+    """``FACTORY=NAME`` keeps NAME in float32 in that factory's model only: a second model
+    without it is checked as it is."""
+    (tmp_path / "other.py").write_text(
+        "import torch\n\n\ndef plain():\n"
+        "    return torch.nn.Linear(8, 8), {'input': torch.randn(2, 8)}\n"
+    )
+    result = check(tmp_path, "mymodels:scaled", "other:plain", "--keep-fp32", "scaled=gain",
+                   "--device", "cpu", "--mode", "half", "--no-timing", "-n", "1")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    records = storage.read_records(next((tmp_path / "results").iterdir()))
+    outcomes = {(r.cell.case, r.cell.dtype): r.outcome.value for r in records}
+    assert outcomes[("plain", "float16")] == "passes"
+    assert outcomes[("scaled", "float16")] == "raises"  # gain kept: the promotion reproduces
