@@ -224,7 +224,6 @@ def float64_leaves(output: Any) -> Leaves:
     }
 
 
-#: A case at one workload size: what a reference and its baselines belong to.
 #: A case at one workload size, with the backend its reference runs on: what a reference
 #: and its baselines belong to.
 Workpiece = tuple[str, str, str]
@@ -357,14 +356,15 @@ def check_has_values(leaves: Leaves) -> None:
 
 
 def judged(case: Case, cell: Cell, leaves: Leaves, record: CellRecord) -> CellRecord:
-    reference = reference_leaves(workpiece(cell))
+    piece = workpiece(cell)
+    reference = reference_leaves(piece)
     out_dtype = "+".join(dict.fromkeys(dtype_name(t.dtype) for t in leaves.values()))
     problem = structure_problem(leaves, reference)
     if problem:
         return replace(
             record, outcome=Outcome.INACCURATE, out_dtype=out_dtype, error_message=problem
         )
-    base = baseline(workpiece(cell), cell.device, cell.dtype)
+    base = baseline(piece, cell.device, cell.dtype)
     per_leaf = judge_leaves(leaves, reference, dtype_of(cell.dtype), base.rel_errs)
     worst = worst_leaf(per_leaf)
     passed = all(within_tolerance(n) for n in per_leaf.values())

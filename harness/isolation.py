@@ -2,13 +2,13 @@
 
 Children are forked from the worker (as pytest-forked does), which keeps everything a cell
 needs loaded and warm: the case modules, and the float64 reference and low-precision
-baseline of each case, computed once per case (every dtype) in a forked child of their own
-(single-threaded) and handed back, so a reference fix that crashes or changes torch's
-global settings never reaches the worker. A worker that never starts a thread pool is safe
-to fork (forking a process whose OpenMP pool is running can hang the child); the child then
-sets its own thread count. A new cell process starts in milliseconds. The worker's torch
-settings are put back as they were at its start before each cell (``settle_worker``), and
-a child dies with its worker (``die_with_parent``).
+baselines of each case, computed once per case, size and device (every dtype) in a forked
+child of their own (on the cells' thread count) and handed back, so a reference fix that
+crashes or changes torch's global settings never reaches the worker. A worker that never
+starts a thread pool is safe to fork (forking a process whose OpenMP pool is running can
+hang the child); the child then sets its own thread count. A new cell process starts in
+milliseconds. The worker's torch settings are put back as they were at its start before
+each cell (``settle_worker``), and a child dies with its worker (``die_with_parent``).
 
 The parent waits for the child's record up to the cell's time limit; a child that outlives
 it is killed and recorded as ``timeout``, one that dies without a record is ``crashed`` with
@@ -68,8 +68,8 @@ def settle_worker() -> str | None:
     return "the worker's " + torch_state.describe(changed) + " before this cell: put back"
 
 
-#: case -> why the process computing its reference and baselines gave no result, or None
-#: once they are known (or raised, which each cell then records with its frames).
+#: (workpiece, device) -> why the process computing its reference and baselines gave no
+#: result, or None once they are known (or raised, which each cell then records).
 _SHARED: dict[tuple[execute.Workpiece, str], str | None] = {}
 
 

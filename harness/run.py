@@ -140,16 +140,16 @@ def batches_of(cells: Sequence[Cell], size: int) -> list[list[Cell]]:
     batches: list[list[Cell]] = []
     for cell in cells:
         last = batches[-1] if batches else None
-        same = last and (last[0].case, last[0].device, last[0].size) == (
-            cell.case,
-            cell.device,
-            cell.size,
-        )
-        if last and same and len(last) < size:
+        if last and batch_key(last[0]) == batch_key(cell) and len(last) < size:
             last.append(cell)
         else:
             batches.append([cell])
     return batches
+
+
+def batch_key(cell: Cell) -> tuple[str, str, str]:
+    """Cells that may share a forked process: one case on one device at one size."""
+    return cell.case, cell.device, cell.size
 
 
 def execute_cells(run_dir: Path, plan: Plan, workers: int, config: RunConfig) -> int:

@@ -408,7 +408,7 @@ def environments(*labels: str) -> grouping.Environments:
     """The environments of a frame with one cell in each of ``labels``."""
     rows = [
         {"env": label, "torch_version": label.split(" · ")[0].removeprefix("torch "),
-         "device": label.split(" · ")[1], "host": aggregate.host_of(label)}
+         "device": label.split(" · ")[1], "host": [*label.split(" · "), ""][2]}
         for label in labels
     ]  # fmt: skip
     return grouping.Environments(pd.DataFrame(rows))

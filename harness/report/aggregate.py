@@ -161,15 +161,9 @@ def records_frame(runs: Sequence[Run]) -> pd.DataFrame:
         return frame
     frame["env"] = environment_labels(frame, show_host)
     frame["row"] = row_labels(frame)
-    frame["host"] = frame["env"].map({env: host_of(env) for env in frame["env"].unique()})
+    # the host an environment's label names: none where every run came from one host
+    frame["host"] = frame["hostname"] if show_host else ""
     return frame
-
-
-def host_of(env: str) -> str:
-    """The host named in an environment's label (``torch 2.4.1 · cpu · host``), or ``""``
-    where the label names none (every run came from one host)."""
-    parts = env.split(" · ", 2)
-    return parts[2] if len(parts) == 3 else ""
 
 
 def row_labels(frame: pd.DataFrame) -> pd.Series:
