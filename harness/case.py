@@ -149,6 +149,9 @@ class Fix:
     upstream: str = ""
     modes: tuple[str, ...] | None = None
     backends: tuple[str, ...] | None = None
+    #: The parts this fix keeps in float32, where it keeps fewer than its case (a subset of
+    #: the case's ``keep_fp32``); None: the case's.
+    keep_fp32: tuple[str, ...] | None = None
 
 
 def fix(
@@ -158,12 +161,20 @@ def fix(
     upstream: str = "",
     modes: tuple[str, ...] | None = None,
     backends: tuple[str, ...] | None = None,
+    keep_fp32: tuple[str, ...] | None = None,
 ) -> Callable[[FixFunction], FixFunction]:
-    """Mark a method of a Case as a fix. ``modes``/``backends`` narrow where it applies."""
+    """Mark a method of a Case as a fix. ``modes``/``backends`` narrow where it applies;
+    ``keep_fp32`` narrows what of the case's ``keep_fp32`` it keeps in float32."""
 
     def mark(func: FixFunction) -> FixFunction:
         func.__ampmatrix_fix__ = Fix(  # type: ignore[attr-defined]
-            name, rationale, func, upstream=upstream, modes=modes, backends=backends
+            name,
+            rationale,
+            func,
+            upstream=upstream,
+            modes=modes,
+            backends=backends,
+            keep_fp32=keep_fp32,
         )
         return func
 
@@ -195,7 +206,9 @@ class Case:
     #: The case's own time limit per cell in seconds (instead of the run's ``--timeout``).
     timeout_s: ClassVar[float | None] = None
     #: Modules, parameters or buffers of the model (dotted names) that upstream keeps in
-    #: float32 when the rest is cast to half (transformers' ``_keep_in_fp32_modules``).
+    #: float32 when the rest is cast to half (transformers' ``_keep_in_fp32_modules``), and
+    #: inputs (their keys in ``Workload.inputs``) that stay float32 whatever the model's
+    #: dtype (diffusers' timesteps). A fix may keep fewer (``@fix(keep_fp32=...)``).
     keep_fp32: ClassVar[tuple[str, ...]] = ()
     #: Fixes run with gradients enabled (a training step); otherwise under ``no_grad``.
     needs_grad: ClassVar[bool] = False
@@ -221,6 +234,11 @@ class Case:
     def dims(self, size: str) -> Any:
         """The dimensions of ``size`` (None for a case that declares no sizes)."""
         return next((s.dims for s in self.sizes if s.name == size), None)
+
+    def kept_by(self, fix: str) -> tuple[str, ...]:
+        """What ``fix`` keeps in float32: its own ``keep_fp32`` where it narrows the case's."""
+        narrowed = self.fixes[fix].keep_fp32
+        return self.keep_fp32 if narrowed is None else narrowed
 
     def build(self, ctx: RunContext) -> Workload:
         """The model and inputs in float32 on the CPU. The harness seeds the RNG first, then

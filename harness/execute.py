@@ -26,20 +26,24 @@ import torch
 from harness import registry, torch_state
 from harness.axes import CONTROL_DTYPE
 from harness.case import Case, RunContext, Workload
-from harness.numerics import judge_leaves, within_tolerance
+from harness.numerics import Yardsticks, judge_leaves, within_tolerance
 from harness.perf import perf_figures
 from harness.precision import (
     autocast_region,
+    cast_inputs,
     cast_model,
-    cast_tensors,
     drift_flag,
     dtype_name,
     dtype_of,
     no_autocast_flag,
     not_half_flag,
     output_leaves,
+    output_leaves_or_none,
+    split_kept,
+    undone_upcast_flag,
 )
 from harness.records import Cell, CellRecord, CrashKind, Flag, Numerics, Outcome
+from harness.rounding import noise_source, round_inputs, round_model
 from harness.timing import TimingConfig, measure_interleaved, stopwatch_for
 from harness.trail import (
     HARNESS_DIR,
@@ -50,7 +54,7 @@ from harness.trail import (
     tracing,
     watch_python,
 )
-from harness.trail_records import Trail
+from harness.trail_records import Drift, Trail
 
 #: Every cell of a case builds from the same seed, so all fixes and the reference see the
 #: same weights and inputs.
@@ -98,15 +102,18 @@ def plain_cell(case: Case, dtype: str, size: str, device: str = "cpu", backend: 
     return Cell(case.name, case.reference_fix, device, dtype, "half", backend, size=size)
 
 
-def apply_precision(workload: Workload, case: Case, ctx: RunContext) -> Workload:
-    """The cell's device and precision put on a float32 workload (see harness.precision)."""
+def apply_precision(workload: Workload, ctx: RunContext, keep: tuple[str, ...] = ()) -> Workload:
+    """The cell's device and precision put on a float32 workload (see harness.precision);
+    the parts and inputs ``keep`` names stay float32 where the mode casts."""
     precision = ctx.precision
-    keep = case.keep_fp32 if precision.casts_model and not precision.managed_by_case else ()
-    model = cast_model(
-        workload.model, precision.device, precision.compute_dtype, keep, precision.upcast_dtype
+    if not precision.casts_model or precision.managed_by_case:
+        keep = ()
+    model_keep, input_keep = split_kept(keep, workload.inputs)
+    device, dtype, wide = precision.device, precision.compute_dtype, precision.upcast_dtype
+    return Workload(
+        model=cast_model(workload.model, device, dtype, model_keep, wide),
+        inputs=cast_inputs(workload.inputs, device, dtype, input_keep, wide),
     )
-    inputs = cast_tensors(workload.inputs, precision.device, precision.compute_dtype)
-    return Workload(model=model, inputs=inputs)
 
 
 class CaseCodeFailed(Exception):
@@ -121,10 +128,10 @@ class WorkloadFailed(CaseCodeFailed):
     """The case's ``build()`` raised, or its precision could not be applied."""
 
 
-def prepared_workload(case: Case, ctx: RunContext) -> Workload:
+def prepared_workload(case: Case, ctx: RunContext, keep: tuple[str, ...]) -> Workload:
     seed_everything()
     try:
-        return apply_precision(case.build(ctx), case, ctx)
+        return apply_precision(case.build(ctx), ctx, keep)
     except Exception as error:
         raise WorkloadFailed(error) from error
 
@@ -160,22 +167,32 @@ class FixRun:
     trail: Trail | None = None
     #: Warnings the fix raised (``Category: first line``), recorded on the cell.
     warnings: tuple[str, ...] = ()
+    #: What the checks found worth saying but not worth a flag (a small float32 island).
+    note: str | None = None
 
 
 def run_fix_checked(
-    case: Case, fix: str, ctx: RunContext, trace: bool = True, compile_mode: str = "eager"
+    case: Case,
+    fix: str,
+    ctx: RunContext,
+    trace: bool = True,
+    compile_mode: str = "eager",
+    workload: Workload | None = None,
 ) -> FixRun:
     """Build, apply the precision, call the fix once under the dtype tracer; then check that
     the precision took and that the computation kept the mode's promise. A compiled run is
-    neither traced nor watched (both would see Dynamo's work, not the model's)."""
-    workload = prepared_workload(case, ctx)
+    neither traced nor watched (both would see Dynamo's work, not the model's). ``workload``
+    is one already prepared (the rounding yardstick's)."""
+    keep = case.kept_by(fix)
+    if workload is None:
+        workload = prepared_workload(case, ctx, keep)
     compiled = compiled_fix(case, fix, compile_mode)
     watch = PythonWatch(ctx.device.type)
     # the tracer needs the watch's autocast state; the no-autocast check needs its finding
     watched = compiled is None and (trace or ctx.precision.uses_autocast)
     tracer = None
     if trace and compiled is None:
-        names = Names.of_workload(workload.model, workload.inputs, case.keep_fp32)
+        names = Names.of_workload(workload.model, workload.inputs, keep)
         tracer = DtypeTracer(ctx.dtype, names, watch, root=workload.model)
     output, error = None, None
     with warnings.catch_warnings(record=True) as caught:
@@ -189,14 +206,21 @@ def run_fix_checked(
         except Exception as raised:  # every failure of the code under test is a result
             error = raised
     trail = tracer.trail(error) if tracer is not None else None
+    drift = tracer.drift(output_leaves_or_none(output)) if tracer is not None else Drift()
+    if trail is not None and drift.island is not None:
+        trail = replace(trail, island=replace(drift.island, share=drift.share))
+    drifted, island_note = (
+        (None, None) if error else drift_flag(drift, output, ctx.precision, trail)
+    )
     found = (
         no_autocast_flag(watch.seen, ctx.precision) if watched else None,
-        not_half_flag(workload.model, ctx.precision, case.keep_fp32),
-        drift_flag(tracer.drift() if tracer else {}, output, ctx.precision, trail)
-        if error is None
-        else None,
+        not_half_flag(workload.model, ctx.precision, keep),
+        drifted,
+        undone_upcast_flag(tracer.undone_upcast() if tracer is not None else None),
     )
-    return FixRun(output, error, tuple(f for f in found if f), trail, warning_texts(caught))
+    return FixRun(
+        output, error, tuple(f for f in found if f), trail, warning_texts(caught), island_note
+    )
 
 
 #: At most this many distinct warnings are kept per cell, each cut to its first line.
@@ -225,15 +249,17 @@ def float64_leaves(output: Any) -> Leaves:
 
 
 #: A case at one workload size, with the backend its reference runs on: what a reference
-#: and its baselines belong to.
+#: and its yardsticks belong to.
 Workpiece = tuple[str, str, str]
 
 #: What is computed once per process and shared by every cell of a case at one size: the
-#: float64 reference by (case, size), the baseline by (case, size, device, dtype). A worker
-#: fills them from a forked process (``remember_shared``), so a reference fix that crashes
-#: or changes torch's global settings cannot reach the worker.
+#: float64 reference by (case, size, backend), the trusted fix's low-precision error by
+#: (piece, device, dtype), and the rounding yardstick by (piece, dtype, parts kept). A
+#: worker fills them from a forked process (``remember_shared``), so a reference fix that
+#: crashes or changes torch's global settings cannot reach the worker.
 _REFERENCES: dict[Workpiece, Leaves] = {}
 _BASELINES: dict[tuple[str, str, str, str, str], Baseline] = {}
+_ROUNDINGS: dict[tuple[str, str, str, str, tuple[str, ...]], Baseline] = {}
 
 
 def workpiece(cell: Cell) -> Workpiece:
@@ -267,17 +293,18 @@ def compute_reference(piece: Workpiece) -> Leaves:
 
 @dataclass(frozen=True)
 class Baseline:
-    """The plain low-precision run's error per leaf, or why it could not run."""
+    """A yardstick's error per leaf, or why it could not be computed."""
 
     rel_errs: dict[str, float]
     error: str | None = None
 
 
 def baseline(piece: Workpiece, device: str, dtype: str) -> Baseline:
-    """Error of a plain computation in ``dtype`` on ``device`` (reference fix, mode half):
-    on the cell's own device, as PyTorch's SDPA tests compute their low-precision
-    reference, since a GPU sums in another order than a CPU (at model sizes a float32
-    control on a GPU differs from the CPU's float32 by more than 3x the CPU's error)."""
+    """Error of the trusted fix computed plainly in ``dtype`` on ``device`` (reference fix,
+    mode half): on the cell's own device, as PyTorch's SDPA tests compute their
+    low-precision reference, since a GPU sums in another order than a CPU (at model sizes a
+    float32 control on a GPU differs from the CPU's float32 by more than 3x the CPU's
+    error)."""
     key = (*piece, device, dtype)
     if key not in _BASELINES:
         _BASELINES[key] = compute_baseline(piece, device, dtype)
@@ -292,22 +319,87 @@ def compute_baseline(piece: Workpiece, device: str, dtype: str) -> Baseline:
         run = run_fix_checked(case, case.reference_fix, ctx, trace=False)
     except WorkloadFailed as failure:
         run = FixRun(error=failure.error)
+    return errors_against_reference(run, piece, dtype_of(dtype))
+
+
+def errors_against_reference(run: FixRun, piece: Workpiece, dtype: torch.dtype) -> Baseline:
     if run.error is not None:
         return Baseline({}, f"{type(run.error).__name__}: {error_text(run.error)}"[:MAX_MESSAGE])
     reference = reference_leaves(piece)
-    numerics = judge_leaves(output_leaves(run.output), reference, dtype_of(dtype), {})
+    problem = structure_problem(output_leaves(run.output), reference)
+    if problem:
+        return Baseline({}, problem)
+    numerics = judge_leaves(output_leaves(run.output), reference, dtype, {}, {})
     return Baseline({leaf: n.rel_err for leaf, n in numerics.items()})
 
 
+def rounding(piece: Workpiece, dtype: str, keep: tuple[str, ...]) -> Baseline:
+    """The rounding yardstick: the reference computation on the weights and inputs rounded
+    to ``dtype`` (what ``keep`` names left float32), in float64 on the CPU (see
+    :mod:`harness.rounding`)."""
+    key = (*piece, dtype, keep)
+    if key not in _ROUNDINGS:
+        _ROUNDINGS[key] = compute_rounding(piece, dtype, keep)
+    return _ROUNDINGS[key]
+
+
+def compute_rounding(piece: Workpiece, dtype: str, keep: tuple[str, ...]) -> Baseline:
+    case_name, size, backend = piece
+    case = registry.get(case_name)
+    ctx = context_for(case, plain_cell(case, "float64", size, backend=backend))
+    try:
+        run = run_fix_checked(
+            case,
+            case.reference_fix,
+            ctx,
+            trace=False,
+            workload=rounded_workload(case, ctx, dtype, keep),
+        )
+    except WorkloadFailed as failure:
+        run = FixRun(error=failure.error)
+    return errors_against_reference(run, piece, torch.float64)
+
+
+def rounded_workload(case: Case, ctx: RunContext, dtype: str, keep: tuple[str, ...]) -> Workload:
+    """The reference's float64 workload with its values rounded to ``dtype``."""
+    workload = prepared_workload(case, ctx, keep)
+    model_keep, input_keep = split_kept(keep, workload.inputs)
+    noise = noise_source()
+    try:
+        return Workload(
+            model=round_model(workload.model, dtype, model_keep, noise),
+            inputs=round_inputs(workload.inputs, dtype, input_keep, noise),
+        )
+    except Exception as error:
+        raise WorkloadFailed(error) from error
+
+
+def rounding_dtypes(case: Case, device: str) -> tuple[str, ...]:
+    """The dtypes a case's rounding yardsticks are computed for on ``device``: its own, the
+    float32 control's, and TF32 on a GPU (which may compute float32 matmuls in it)."""
+    extra = ("tf32",) if torch.device(device).type == "cuda" else ()
+    return tuple(dict.fromkeys((*case.dtypes, CONTROL_DTYPE, *extra)))
+
+
+def kept_sets(case: Case) -> tuple[tuple[str, ...], ...]:
+    """Every distinct set of parts a fix of the case keeps in float32."""
+    return tuple(dict.fromkeys(case.kept_by(fix) for fix in case.fixes))
+
+
 def shared_figures(piece: Workpiece, device: str) -> bytes | None:
-    """The case's reference at one size and its baseline on ``device`` in each of its
-    dtypes, serialised for the process that forked this one; None when the reference fix
-    raised (each cell then records why)."""
+    """The case's reference at one size, the trusted fix's error on ``device`` in each of its
+    dtypes and the rounding yardsticks, serialised for the process that forked this one;
+    None when the reference fix raised (each cell then records why)."""
     case = registry.get(piece[0])
     try:
         reference = reference_leaves(piece)
         dtypes = dict.fromkeys((*case.dtypes, CONTROL_DTYPE))  # the fp32 control's too
         baselines = {dtype: baseline(piece, device, dtype) for dtype in dtypes}
+        roundings = [
+            (dtype, keep, rounding(piece, dtype, keep))
+            for dtype in rounding_dtypes(case, device)
+            for keep in kept_sets(case)
+        ]
     except Exception:
         return None
     buffer = io.BytesIO()
@@ -315,6 +407,7 @@ def shared_figures(piece: Workpiece, device: str) -> bytes | None:
         {
             "reference": reference,
             "baselines": {d: dataclasses.asdict(b) for d, b in baselines.items()},
+            "roundings": [(d, list(k), dataclasses.asdict(b)) for d, k, b in roundings],
         },
         buffer,
     )
@@ -327,16 +420,25 @@ def remember_shared(piece: Workpiece, device: str, data: bytes) -> None:
     _REFERENCES[piece] = loaded["reference"]
     for dtype, figures in loaded["baselines"].items():
         _BASELINES[(*piece, device, dtype)] = Baseline(**figures)
+    for dtype, keep, figures in loaded["roundings"]:
+        _ROUNDINGS[(*piece, dtype, tuple(keep))] = Baseline(**figures)
 
 
 def forget_shared() -> None:
     _REFERENCES.clear()
     _BASELINES.clear()
+    _ROUNDINGS.clear()
 
 
 def classify(case: Case, cell: Cell, run: FixRun, record: CellRecord) -> CellRecord:
     """Fill in the outcome and its evidence: the error, or the figures against the reference."""
-    record = replace(record, flags=run.flags, trail=run.trail, warnings=run.warnings)
+    record = replace(
+        record,
+        flags=run.flags,
+        trail=run.trail,
+        warnings=run.warnings,
+        note=join_notes(record.note, run.note),
+    )
     if run.error is not None:
         return raised(case, run.error, record)
     try:
@@ -355,6 +457,61 @@ def check_has_values(leaves: Leaves) -> None:
             raise TypeError(f"{name} is a meta tensor: it has no values to compare")
 
 
+@dataclass(frozen=True)
+class CellYardsticks:
+    """What a cell is judged against: the trusted fix's errors (empty for a cell of that
+    fix), the rounding's, their names, and a note where the choice needs saying."""
+
+    fix: Baseline
+    rounding: Baseline
+    names: Yardsticks
+    note: str | None = None
+
+    @property
+    def error(self) -> str | None:
+        failures = [
+            f"{name}: {b.error}"
+            for name, b in (
+                (self.names.fix_name, self.fix),
+                (self.names.rounding_name, self.rounding),
+            )
+            if b.error
+        ]
+        return "; ".join(failures) or None
+
+
+def yardsticks(case: Case, cell: Cell, piece: Workpiece, trail: Trail | None) -> CellYardsticks:
+    """The independent yardsticks of a cell: a different, trusted fix in the cell's dtype
+    where there is one (never the cell's own fix), and the rounding of its data always."""
+    fix = (
+        Baseline({})
+        if cell.fix == case.reference_fix
+        else baseline(piece, cell.device, cell.dtype)
+    )
+    tf32 = tf32_setting(cell, trail)
+    dtype = "tf32" if tf32 else cell.dtype
+    names = Yardsticks(fix_name=f"fix {case.reference_fix}", rounding_name=f"rounding to {dtype}")
+    note = (
+        f"float32 matmuls computed in TF32 ({tf32}): judged against TF32 rounding"
+        if tf32
+        else None
+    )
+    return CellYardsticks(fix, rounding(piece, dtype, case.kept_by(cell.fix)), names, note)
+
+
+def tf32_setting(cell: Cell, trail: Trail | None) -> str | None:
+    """The setting that makes a float32 cell's GPU matmuls or convolutions TF32, or None."""
+    if cell.dtype != CONTROL_DTYPE or torch.device(cell.device).type != "cuda":
+        return None
+    if trail is not None and "matmul" not in trail.compute_dtypes:
+        return None
+    if torch.backends.cuda.matmul.allow_tf32:
+        return "torch.backends.cuda.matmul.allow_tf32"
+    if torch.backends.cudnn.allow_tf32 and torch.backends.cudnn.enabled:
+        return "torch.backends.cudnn.allow_tf32"
+    return None
+
+
 def judged(case: Case, cell: Cell, leaves: Leaves, record: CellRecord) -> CellRecord:
     piece = workpiece(cell)
     reference = reference_leaves(piece)
@@ -364,8 +521,15 @@ def judged(case: Case, cell: Cell, leaves: Leaves, record: CellRecord) -> CellRe
         return replace(
             record, outcome=Outcome.INACCURATE, out_dtype=out_dtype, error_message=problem
         )
-    base = baseline(piece, cell.device, cell.dtype)
-    per_leaf = judge_leaves(leaves, reference, dtype_of(cell.dtype), base.rel_errs)
+    sticks = yardsticks(case, cell, piece, record.trail)
+    per_leaf = judge_leaves(
+        leaves,
+        reference,
+        dtype_of(cell.dtype),
+        sticks.fix.rel_errs,
+        sticks.rounding.rel_errs,
+        sticks.names,
+    )
     worst = worst_leaf(per_leaf)
     passed = all(within_tolerance(n) for n in per_leaf.values())
     return replace(
@@ -374,7 +538,8 @@ def judged(case: Case, cell: Cell, leaves: Leaves, record: CellRecord) -> CellRe
         out_dtype=out_dtype,
         numerics=worst if len(per_leaf) > 1 else replace(worst, leaf=None),
         leaves=per_leaf if len(per_leaf) > 1 else None,
-        baseline_error=base.error,
+        baseline_error=sticks.error,
+        note=join_notes(record.note, sticks.note),
     )
 
 
@@ -544,7 +709,7 @@ def prepare_call(cell: Cell) -> tuple[Callable[[], Any], torch.device]:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     ctx = context_for(case, cell, observe=False)
-    workload = prepared_workload(case, ctx)
+    workload = prepared_workload(case, ctx, case.kept_by(cell.fix))
     compiled = compiled_fix(case, cell.fix, cell.compile)
     return (lambda: call_fix(case, cell.fix, workload, ctx, compiled)), device
 

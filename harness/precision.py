@@ -5,8 +5,8 @@ A case builds its model and inputs once, in float32 on the CPU. For a cell, the 
 * moves them to the cell's device;
 * in modes that cast (``half``, ``half-autocast``), casts the model's floating parameters
   and buffers and every floating input tensor to the cell dtype, except the modules,
-  parameters and buffers the case declares in ``keep_fp32`` (as transformers'
-  ``_keep_in_fp32_modules``), which stay float32;
+  parameters, buffers and inputs the case (or the fix) declares in ``keep_fp32`` (as
+  transformers' ``_keep_in_fp32_modules``; an input by its name), which stay float32;
 * for the reference, casts everything (kept parts too) to float64;
 * in modes with autocast (``autocast``, ``half-autocast``), runs the fix inside
   ``torch.autocast(device, dtype)``.
@@ -31,7 +31,7 @@ from torch import nn
 
 from harness.axes import MODES
 from harness.records import DRIFT, Flag
-from harness.trail_records import Trail
+from harness.trail_records import Drift, Trail
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
@@ -125,6 +125,28 @@ def cast_model(
     return model
 
 
+def cast_inputs(
+    inputs: dict[str, Any],
+    device: torch.device,
+    dtype: torch.dtype,
+    keep: tuple[str, ...],
+    kept: torch.dtype,
+) -> dict[str, Any]:
+    """The inputs moved and cast to ``dtype``, those named in ``keep`` to ``kept``."""
+    return {
+        name: cast_tensors(value, device, kept if name in keep else dtype)
+        for name, value in inputs.items()
+    }
+
+
+def split_kept(
+    keep: tuple[str, ...], inputs: dict[str, Any]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``keep_fp32`` as (parts of the model, names of inputs): a name that is an input's key
+    names that input."""
+    return tuple(k for k in keep if k not in inputs), tuple(k for k in keep if k in inputs)
+
+
 def kept_state(model: nn.Module, keep: tuple[str, ...]) -> dict[str, torch.Tensor]:
     """Copies of the parameters and buffers that ``keep`` names (by themselves or through a
     module), checking that every name exists."""
@@ -142,7 +164,9 @@ def find_part(model: nn.Module, name: str) -> nn.Module | torch.Tensor:
             return part
         except AttributeError:
             continue
-    raise AttributeError(f"keep_fp32 names {name!r}, which the model does not have")
+    raise AttributeError(
+        f"keep_fp32 names {name!r}, which is neither a part of the model nor an input"
+    )
 
 
 def is_kept(name: str, keep: tuple[str, ...]) -> bool:
@@ -241,30 +265,62 @@ def no_autocast_flag(seen: bool, precision: Precision) -> Flag | None:
     return Flag(NO_AUTOCAST, "the mode enters torch.autocast, but no torch op ran with it on")
 
 
+#: A float32 island within this share of a cell's matmul and attention FLOPs, whose values
+#: come back in the cell's dtype, is noted, not flagged (a RoPE frequency product in
+#: float32: well under 0.1% of a Llama's FLOPs; see the README's calibration table).
+ISLAND_SHARE = 0.01
+UNDONE_UPCAST = "undone-upcast"
+
+
 def drift_flag(
-    drifted: dict[str, tuple[str, ...]],
-    output: Any,
-    precision: Precision,
-    trail: Trail | None,
-) -> Flag | None:
-    """The flag of a cell that ran but left its mode's promise: matmul or attention kernels
-    computing in a wider dtype than the cell's (kept fp32 parts aside), or, in ``half`` (a
-    casting mode without autocast), an output wider than the cell dtype. Under autocast an
-    output's dtype is the op policy's (CUDA autocast runs ``layer_norm`` and ``softmax`` in
-    float32), so only the kernels count there. The detail says where the wider dtype entered."""
+    drift: Drift, output: Any, precision: Precision, trail: Trail | None
+) -> tuple[Flag | None, str | None]:
+    """The flag of a cell that ran but left its mode's promise (or None), and a note for a
+    small float32 island that is not worth a flag. Leaving it is: matmul or attention
+    kernels computing in a wider dtype than the cell's (kept fp32 parts aside) beyond
+    :data:`ISLAND_SHARE` of the FLOPs or without casting back, or, in ``half`` (a casting
+    mode without autocast), an output wider than the cell dtype. Under autocast an output's
+    dtype is the op policy's (CUDA autocast runs ``layer_norm`` and ``softmax`` in float32),
+    so only the kernels count there. The detail says how much and where it entered."""
     if precision.is_reference or precision.mode == "fp32":
-        return None
-    problems = [f"{kind} computed in {'+'.join(dtypes)}" for kind, dtypes in drifted.items()]
-    if precision.casts_model and not precision.uses_autocast and output is not None:
-        problems += [
-            f"{'output' if name == 'output' else f'output {name}'} is {dtype_name(t.dtype)}"
-            for name, t in output_leaves_or_none(output).items()
-            if t.is_floating_point() and t.dtype.itemsize > precision.dtype.itemsize
-        ]
+        return None, None
+    wider = wider_outputs(output, precision)
+    if drift.kinds and not wider and is_island(drift):
+        island = drift.island.describe() if drift.island else ""
+        return None, f"{ISLAND_NOTE}: {island}, cast back to {dtype_name(precision.dtype)}"
+    problems = [f"{kind} computed in {'+'.join(dtypes)}" for kind, dtypes in drift.kinds.items()]
+    if problems and drift.share is not None:
+        problems[-1] += f" ({drift.share:.1%} of the matmul and attention FLOPs)"
+    problems += wider
     if not problems:
-        return None
+        return None, None
     started = trail.promotion.describe() if trail and trail.promotion else None
-    return Flag(DRIFT, "; ".join(problems) + (f" ({started})" if started else ""))
+    share = drift.share if drift.kinds else None
+    return Flag(DRIFT, "; ".join(problems) + (f" ({started})" if started else ""), share), None
+
+
+ISLAND_NOTE = "float32 island, not a drift"
+
+
+def is_island(drift: Drift) -> bool:
+    return drift.contained and drift.share is not None and drift.share <= ISLAND_SHARE
+
+
+def wider_outputs(output: Any, precision: Precision) -> list[str]:
+    """In ``half``, the output leaves wider than the cell dtype."""
+    if not precision.casts_model or precision.uses_autocast or output is None:
+        return []
+    return [
+        f"{'output' if name == 'output' else f'output {name}'} is {dtype_name(t.dtype)}"
+        for name, t in output_leaves_or_none(output).items()
+        if t.is_floating_point() and t.dtype.itemsize > precision.dtype.itemsize
+    ]
+
+
+def undone_upcast_flag(detail: str | None) -> Flag | None:
+    """The flag of a cell whose code cast a tensor up on purpose, which autocast cast back
+    down before a matmul or attention kernel: the upcast did nothing."""
+    return Flag(UNDONE_UPCAST, detail) if detail else None
 
 
 def output_leaves_or_none(output: Any) -> dict[str, torch.Tensor]:

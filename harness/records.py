@@ -18,7 +18,9 @@ from harness.trail_records import Trail
 from harness.typed import as_mapping, as_tuple, check_fields, mismatch
 
 #: Bumped whenever a record's fields change meaning; readers refuse newer versions.
-SCHEMA_VERSION = 2
+#: 3: numerics name their yardsticks (``rounding_rel_err``, ``decided_by``, ``factor``;
+#: ``baseline_rel_err`` is a different fix's error only) and flags carry a ``share``.
+SCHEMA_VERSION = 3
 
 
 class Outcome(str, Enum):
@@ -138,6 +140,9 @@ class Flag:
 
     kind: str
     detail: str
+    #: How much of the cell's work it touched: for ``drift``, the share of the matmul and
+    #: attention FLOPs computed wider (None where unknown or not a matter of FLOPs).
+    share: float | None = None
 
     def describe(self) -> str:
         return f"{self.kind}: {self.detail}"
@@ -149,12 +154,21 @@ class Numerics:
 
     max_abs_err: float
     rel_err: float
+    #: The error of a different, trusted fix run plainly in the cell's dtype (None for a
+    #: cell of that fix itself, which would be judged against itself).
     baseline_rel_err: float | None
     tolerance: float
     tolerance_rule: str
     finite: bool
     #: The output leaf these figures are from (the worst one), for outputs of many tensors.
     leaf: str | None = None
+    #: The error of merely rounding the weights and inputs to the cell's dtype (evaluated in
+    #: float64): the yardstick that never depends on the code under test.
+    rounding_rel_err: float | None = None
+    #: The yardstick that set the tolerance (``rounding to float16``, ``fix sdpa``,
+    #: ``eps(float16)``) and the factor it was multiplied by.
+    decided_by: str | None = None
+    factor: float | None = None
 
 
 @dataclass(frozen=True)

@@ -131,6 +131,12 @@ def _fix_problems(case: Case) -> list[str]:
         for backend in fix.backends or ():
             if backend not in case.backends:
                 problems.append(f"fix {name!r} names backend {backend!r} the case lacks")
+        for kept in fix.keep_fp32 or ():
+            if kept not in case.keep_fp32:
+                problems.append(
+                    f"fix {name!r} keeps {kept!r} in float32, which the case's keep_fp32 "
+                    "does not name (a fix can only narrow it)"
+                )
     return problems
 
 

@@ -110,7 +110,7 @@ def failure_line(record: CellRecord) -> str | None:
         finite = "" if n.finite else "non-finite output; "
         parts.insert(0, f"{finite}rel_err {n.rel_err:.3g}{leaf} > tolerance {n.tolerance:.3g}")
     if record.baseline_error:
-        parts.append(f"baseline failed ({record.baseline_error}): tolerance is eps")
+        parts.append(f"yardstick failed ({record.baseline_error})")
     parts += [f"warns {text}" for text in record.warnings]
     return "; ".join(p for p in parts if p and p != "None") or None
 

@@ -43,7 +43,7 @@ from harness.precision import (
     is_kept,
     named_tensors,
 )
-from harness.trail_records import Promotion, Site, Trail
+from harness.trail_records import Drift, Island, Promotion, Site, Trail
 
 ORIGIN_ATTR = "_ampmatrix_origin"
 #: Set on wide tensors computed only from parts the case keeps in fp32 (views of them, say).
@@ -84,6 +84,19 @@ FUSED_LAYER_OPS = frozenset(
 )
 #: Casts: a low-precision tensor made wider by one of these was cast on purpose.
 CAST_OPS = frozenset({"_to_copy", "to", "_to_copy_out", "type_as", "copy"})
+#: Tensor methods that cast: called from Python, they are the code's own casts (autocast's
+#: casts are made in C++, with no Python call around them).
+CAST_METHODS = frozenset({"float", "double", "half", "bfloat16", "to", "type", "type_as"})
+#: Ops that turn Python data into a tensor (``torch.tensor([...])``).
+FROM_DATA_OPS = frozenset({"lift_fresh", "lift_fresh_copy", "lift"})
+#: Set on a tensor the code cast up explicitly (and on what is computed from it, wide):
+#: where the cast was.
+UPCAST_ATTR = "_ampmatrix_upcast"
+#: Set on a tensor autocast cast back down from an explicit upcast: where the upcast was.
+UNDONE_ATTR = "_ampmatrix_undone"
+#: Set on wide results of a drifted kernel and what is computed from them, wide: the
+#: island's index in ``DtypeTracer.islands``.
+ISLAND_ATTR = "_ampmatrix_island"
 
 TORCH_DIR = str(Path(torch.__file__).resolve().parent)
 HARNESS_DIR = Path(__file__).resolve().parent
@@ -123,6 +136,8 @@ class PythonWatch:
     device_type: str
     seen: bool = False
     enabled: dict[str, bool] = field(default_factory=dict)
+    #: A tensor cast method called from Python is running (``x.float()``).
+    casting: bool = False
 
     def refresh(self) -> None:
         self.enabled = {device: autocast_enabled(device) for device in AUTOCAST_KEYS}
@@ -136,10 +151,18 @@ def watch_python(watch: PythonWatch) -> Iterator[None]:
     watch.refresh()
 
     def hook(frame: FrameType, event: str, arg: Any) -> None:
-        if event == "c_return" and "autocast" in getattr(arg, "__name__", ""):
+        if not event.startswith("c_"):
+            return
+        name = getattr(arg, "__name__", "")
+        if event == "c_call":
+            if name in CAST_METHODS and isinstance(getattr(arg, "__self__", None), torch.Tensor):
+                watch.casting = True
+            elif not watch.seen and is_compute_call(arg):
+                watch.seen = watch.enabled.get(watch.device_type, False)
+        elif name in CAST_METHODS:
+            watch.casting = False
+        elif event == "c_return" and "autocast" in name:
             watch.refresh()
-        elif event == "c_call" and not watch.seen and is_compute_call(arg):
-            watch.seen = watch.enabled.get(watch.device_type, False)
 
     sys.setprofile(hook)
     try:
@@ -197,6 +220,33 @@ def widens(dtype: torch.dtype, low: torch.dtype) -> bool:
     return dtype.is_floating_point and torch.finfo(dtype).bits > torch.finfo(low).bits
 
 
+#: Attention kernels that take q, k and v laid out (batch, seq, heads, dim); the others
+#: take (batch, heads, seq, dim).
+SEQ_FIRST_MARKERS = ("_efficient_attention", "_flash_attention")
+#: Matmul kernels by the positions of their two factors among the floating inputs.
+FACTORS = {"mm": 0, "bmm": 0, "mv": 0, "dot": 0, "addmm": 1, "_addmm_activation": 1}
+FACTORS |= {"baddbmm": 1, "addbmm": 1, "addmv": 1}
+CONVOLUTIONS = ("convolution", "_convolution", "mkldnn_convolution")
+
+
+def kernel_flops(func: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> int | None:
+    """Floating-point operations of a matmul, convolution or attention kernel from its
+    shapes (a multiply-add is two); None for a kernel whose work its shapes do not tell (a
+    fused layer)."""
+    name = short_name(func)
+    if name in FACTORS and len(inputs) >= FACTORS[name] + 2:
+        # (..., M, K) @ (..., K, N): 2 * M * K * N per batch; a vector factor has N = 1
+        a, b = inputs[FACTORS[name]], inputs[FACTORS[name] + 1]
+        return 2 * a.numel() * (b.shape[-1] if b.dim() >= 2 else 1)
+    if name in CONVOLUTIONS and len(inputs) >= 2 and outputs:
+        return 2 * outputs[0].numel() * int(inputs[1][0].numel())
+    if any(marker in name for marker in QKV_FIRST_MARKERS) and len(inputs) >= 3:
+        q, k, v = inputs[:3]
+        keys = k.shape[1] if any(m in name for m in SEQ_FIRST_MARKERS) else k.shape[-2]
+        return 2 * q.numel() * keys * (q.shape[-1] + v.shape[-1]) // max(q.shape[-1], 1)
+    return None
+
+
 @dataclass
 class Names:
     """Names of the tensors a workload holds: parameters, buffers, attributes, inputs."""
@@ -238,6 +288,15 @@ class DtypeTracer(TorchDispatchMode):
         self.failure_promotion: Promotion | None = None
         self.drift_promotion: Promotion | None = None
         self.core: CoreObservation | None = None
+        #: Matmul and attention FLOPs: all of them, and those computed wider than ``low``.
+        self.flops = 0
+        self.wide_flops = 0
+        #: A wide kernel whose FLOPs its shapes do not tell ran: no share can be given.
+        self.wide_uncounted = False
+        self.islands: list[IslandState] = []
+        #: An explicit upcast autocast undid: (where the cast was, the kernel it fed).
+        self.undone: tuple[str, Site] | None = None
+        self.upcast_seen = False
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
@@ -285,8 +344,12 @@ class DtypeTracer(TorchDispatchMode):
             for t in inputs:
                 self.core.add(t.dtype)
             kind = "attention"
+        island = None
         if kind is not None:
-            self.record_compute(func, kind, inputs)
+            island = self.record_compute(func, kind, inputs, outputs)
+        if self.islands:
+            self.follow_islands(inputs, outputs, island)
+        self.follow_casts(func, inputs, outputs)
         wide_out = [t for t in outputs if widens(t.dtype, self.low)]
         if wide_out:
             self.mark_wide(func, inputs, wide_out)
@@ -335,20 +398,85 @@ class DtypeTracer(TorchDispatchMode):
             self.promotion = promotion
         return promotion
 
-    def record_compute(self, func: Any, kind: str, inputs: list[torch.Tensor]) -> None:
+    def record_compute(
+        self, func: Any, kind: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor]
+    ) -> int | None:
+        """Note the dtypes and FLOPs of a matmul or attention kernel; the index of the new
+        island where it computed wider than the cell's dtype (not from kept parts)."""
         device = inputs[0].device.type if inputs else "cpu"
         if short_name(func) in FUSED_LAYER_OPS and self.autocast_dtype(device) is not None:
-            return  # it autocasts inside: its inputs do not tell what it computes in
+            return None  # it autocasts inside: its inputs do not tell what it computes in
+        flops = kernel_flops(func, inputs, outputs)
+        self.flops += flops or 0
         inputs = computed_inputs(func, inputs)
+        if self.undone is None:
+            self.note_undone(func, inputs)
         seen = self.compute.setdefault(kind, {})
         for t in inputs:
             seen[dtype_name(t.dtype)] = None
         wide = [t for t in inputs if widens(t.dtype, self.low)]
-        if wide and not any(self.is_kept(t) for t in wide):
-            for t in wide:
-                self.drifted.setdefault(kind, {})[dtype_name(t.dtype)] = None
-            if self.drift_promotion is None:
-                self.drift_promotion = self.promotion_behind(func, inputs)
+        if not wide or any(self.is_kept(t) for t in wide):
+            return None
+        for t in wide:
+            self.drifted.setdefault(kind, {})[dtype_name(t.dtype)] = None
+        if self.drift_promotion is None:
+            self.drift_promotion = self.promotion_behind(func, inputs)
+        self.wide_flops += flops or 0
+        self.wide_uncounted |= flops is None
+        self.islands.append(IslandState(self.site(func, inputs), dtype_name(wide[0].dtype)))
+        return len(self.islands) - 1
+
+    def follow_islands(
+        self, inputs: list[torch.Tensor], outputs: list[torch.Tensor], new: int | None
+    ) -> None:
+        """Carry the island marks from an op's inputs to its wide outputs; an island whose
+        values come back in the cell's dtype is narrowed, one that feeds another wide
+        kernel goes on in that one."""
+        found = {i for t in inputs if (i := getattr(t, ISLAND_ATTR, None)) is not None}
+        if new is not None:
+            for i in found:
+                self.islands[i].continued = True
+        mark = new if new is not None else min(found, default=None)
+        if mark is None:
+            return
+        for t in outputs:
+            if widens(t.dtype, self.low):
+                if not isinstance(t, nn.Parameter):
+                    setattr(t, ISLAND_ATTR, mark)
+            elif t.dtype == self.low:
+                for i in found:
+                    self.islands[i].narrowed = True
+
+    def follow_casts(
+        self, func: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor]
+    ) -> None:
+        """Mark what the code cast up explicitly, and what autocast cast back down of it."""
+        if not (inputs and outputs):
+            return
+        if short_name(func) in CAST_OPS:
+            source, result = inputs[0], outputs[0]
+            upcast = getattr(source, UPCAST_ATTR, None)
+            if self.python.casting and source.dtype == self.low and widens(result.dtype, self.low):
+                setattr(result, UPCAST_ATTR, user_location(sys._getframe(1)) or "?")
+                self.upcast_seen = True
+            elif (
+                upcast is not None
+                and result.dtype == self.low
+                and not self.python.casting
+                and self.autocast_dtype(source.device.type) is not None
+            ):
+                setattr(result, UNDONE_ATTR, upcast)
+            return
+        if self.upcast_seen:
+            upcast = next((u for t in inputs if (u := getattr(t, UPCAST_ATTR, None))), None)
+            for t in outputs:
+                if upcast is not None and widens(t.dtype, self.low):
+                    setattr(t, UPCAST_ATTR, upcast)
+
+    def note_undone(self, func: Any, inputs: list[torch.Tensor]) -> None:
+        cast = next((u for t in inputs if (u := getattr(t, UNDONE_ATTR, None))), None)
+        if cast is not None:
+            self.undone = (cast, self.site(func, inputs))
 
     def promotion_behind(self, func: Any, inputs: list[torch.Tensor]) -> Promotion | None:
         """Where the wide inputs of an op (one that failed or drifted) got their dtype: their
@@ -379,8 +507,12 @@ class DtypeTracer(TorchDispatchMode):
             if isinstance(t, nn.Parameter):
                 return "a float32 parameter"
         name = short_name(func)
+        made = user_location(sys._getframe(1))
+        at = f" at {made}" if made else ""
+        if name in FROM_DATA_OPS:
+            return f"a {dtype_name(wide[0].dtype)} tensor made from Python data{at}"
         if not inputs:
-            return f"a tensor created in float32 (aten::{name})"
+            return f"a tensor created in float32 (aten::{name}){at}"
         if name in CAST_OPS:
             device = inputs[0].device.type
             if self.autocast_dtype(device) is not None:
@@ -421,9 +553,41 @@ class DtypeTracer(TorchDispatchMode):
         site, tensors = failure_from_traceback(error, self.root)
         return site, promotion_of([t for t in tensors if widens(t.dtype, self.low)])
 
-    def drift(self) -> dict[str, tuple[str, ...]]:
-        """Kernel kind -> wider dtypes it computed in (not counting kept fp32 parts)."""
-        return {k: tuple(v) for k, v in self.drifted.items()}
+    def drift(self, outputs: dict[str, torch.Tensor]) -> Drift:
+        """What of the run computed wider than the cell's dtype (kept fp32 parts aside),
+        how much of it, and whether every such island came back in the cell's dtype (none
+        of ``outputs``, the fix's result, is still one of them)."""
+        escaped = any(getattr(t, ISLAND_ATTR, None) is not None for t in outputs.values())
+        ends = [i for i in self.islands if not i.continued]
+        return Drift(
+            kinds={k: tuple(v) for k, v in self.drifted.items()},
+            share=None if self.wide_uncounted or not self.flops else self.wide_flops / self.flops,
+            contained=bool(ends) and not escaped and all(i.narrowed for i in ends),
+            island=Island(self.islands[0].site, self.islands[0].dtype) if self.islands else None,
+        )
+
+    def undone_upcast(self) -> str | None:
+        """Where an explicit upcast was cast back down by autocast before a kernel."""
+        if self.undone is None:
+            return None
+        cast, kernel = self.undone
+        where = kernel.where()
+        return (
+            f"the explicit cast up at {cast} was cast back to {dtype_name(self.low)} by "
+            f"autocast before {kernel.op}" + (f" {where}" if where else "")
+        )
+
+
+@dataclass
+class IslandState:
+    """A kernel that computed wider than the cell's dtype, while the run goes on."""
+
+    site: Site
+    dtype: str
+    #: Its values came back in the cell's dtype.
+    narrowed: bool = False
+    #: Its values fed another wide kernel (that island's fate is theirs).
+    continued: bool = False
 
 
 def promotion_of(tensors: list[torch.Tensor]) -> Promotion | None:

@@ -65,11 +65,45 @@ class Promotion:
 
 
 @dataclass(frozen=True)
+class Island:
+    """Where matmul or attention kernels first computed wider than the cell's dtype, and the
+    share of the cell's matmul and attention FLOPs computed wider in all (None: unknown)."""
+
+    site: Site
+    dtype: str
+    share: float | None = None
+
+    def describe(self) -> str:
+        share = f"{self.share:.2%}" if self.share is not None else "an unknown share"
+        where = self.site.where()
+        return (
+            f"{share} of the matmul and attention FLOPs in {self.dtype}, from {self.site.op}"
+            + (f" {where}" if where else "")
+        )
+
+
+@dataclass(frozen=True)
+class Drift:
+    """What of a run computed wider than the cell's dtype (not stored: it becomes a flag,
+    or a note and the trail's island)."""
+
+    #: Kernel kind -> the wider dtypes it computed in.
+    kinds: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: The share of the matmul and attention FLOPs computed wider (None: unknown).
+    share: float | None = None
+    #: Every wide island's values came back in the cell's dtype before the output.
+    contained: bool = False
+    island: Island | None = None
+
+
+@dataclass(frozen=True)
 class Trail:
     promotion: Promotion | None = None
     failure_site: Site | None = None
     #: Kernel kind (``matmul``, ``attention``) -> the dtypes its inputs had, in order seen.
     compute_dtypes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: Where kernels computed wider than the cell's dtype, and their share of the FLOPs.
+    island: Island | None = None
 
     def describe(self) -> str | None:
         """``float32 enters via ... at aten::mul in norm (x.py:12), fails at ...``."""
@@ -85,6 +119,7 @@ class Trail:
             "promotion": dataclasses.asdict(self.promotion) if self.promotion else None,
             "failure_site": dataclasses.asdict(self.failure_site) if self.failure_site else None,
             "compute_dtypes": {k: list(v) for k, v in self.compute_dtypes.items()},
+            "island": dataclasses.asdict(self.island) if self.island else None,
         }
 
     @classmethod
@@ -94,9 +129,11 @@ class Trail:
             data.get("failure_site"),
             data.get("compute_dtypes"),
         )
-        if promotion is None and failure is None and not compute:
+        island = data.get("island")
+        if promotion is None and failure is None and not compute and not island:
             return None
         return cls(
+            island=island_from(as_mapping(island, "island")) if island else None,
             promotion=promotion_from(as_mapping(promotion, "promotion")) if promotion else None,
             failure_site=site_from(as_mapping(failure, "failure_site")) if failure else None,
             compute_dtypes={
@@ -111,6 +148,15 @@ def promotion_from(data: dict[str, Any]) -> Promotion:
         site=site_from(as_mapping(data["site"], "promotion.site")),
         output_dtype=data["output_dtype"],
         carrier=data["carrier"],
+    )
+
+
+def island_from(data: dict[str, Any]) -> Island:
+    share = data.get("share")
+    return Island(
+        site=site_from(as_mapping(data["site"], "island.site")),
+        dtype=data["dtype"],
+        share=float(share) if share is not None else None,
     )
 
 

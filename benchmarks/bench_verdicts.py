@@ -1,0 +1,224 @@
+"""Calibration of the tolerance rule: healthy models and silent bugs side by side.
+
+For every model, every half-precision cell (float16 and bfloat16, modes ``autocast`` and
+``half``) and the float32 control runs through the harness's own cell runner
+(``execute.run_cell``, as ``check`` runs it) and prints its error over the error of merely
+rounding its weights and inputs to the cell's dtype. Three groups:
+
+* **healthy**: the zoo's models and the real architectures of ``zoo/architectures.py``
+  (transformers and diffusers, shallow and 12 layers deep), each as its library writes it;
+* **bug**: the silent precision bugs of ``zoo/silent_bugs.py``;
+* **twin**: their healthy twins.
+
+The rule must separate the groups: every healthy and twin cell within
+``ROUNDING_FACTOR`` times its rounding error, every bug cell that costs more than ten times
+its rounding error beyond it. The script prints the table, both groups' extremes, the
+margins on either side of the factor, and exits non-zero if a cell is misjudged.
+
+    python benchmarks/bench_verdicts.py [--device cpu|cuda] [--only NAME,...] [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from harness import execute, registry  # noqa: E402
+from harness.matrix import expand  # noqa: E402
+from harness.model_case import Matrix, case_name, model_case  # noqa: E402
+from harness.numerics import ROUNDING_FACTOR, rounding_ratio  # noqa: E402
+from harness.plugin import MARK  # noqa: E402
+from harness.records import CellRecord, outcome_label  # noqa: E402
+
+#: A bug that costs more than this many times the rounding error must not read as passes.
+BUG_COST = 10.0
+ZOO_MODULES = ("zoo.test_transformers_models", "zoo.test_vision_models")
+HALF_CELLS = ("float16/autocast", "float16/half", "bfloat16/autocast", "bfloat16/half")
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    group: str  # healthy, bug or twin
+    layers: int | None
+    factory: Callable[..., Any]
+    matrix: Matrix
+
+
+@dataclass(frozen=True)
+class Row:
+    model: Model
+    record: CellRecord
+
+    @property
+    def where(self) -> str:
+        cell = self.record.cell
+        backend = f" [{cell.backend}]" if len(self.model.matrix.backends) > 1 else ""
+        return f"{cell.dtype}/{cell.mode}{backend}"
+
+    @property
+    def ratio(self) -> float | None:
+        numerics = self.record.numerics
+        return rounding_ratio(numerics) if numerics else None
+
+    @property
+    def misjudged(self) -> str | None:
+        """Why this cell's verdict is wrong for its group, or None."""
+        label = outcome_label(self.record)
+        if self.model.group != "bug":
+            return None if label == "passes" else f"{self.model.group} cell reads {label}"
+        costly = self.ratio is None or self.ratio > BUG_COST
+        if costly and label == "passes":
+            return f"bug costing {self.ratio:.3g}x the rounding reads passes"
+        return None
+
+
+def zoo_models() -> Iterator[Model]:
+    """The zoo's models, with the matrix each test asks for."""
+    for module_name in ZOO_MODULES:
+        module = importlib.import_module(module_name)
+        for name, test in vars(module).items():
+            spec = getattr(test, MARK, None)
+            if spec is not None:
+                yield Model(case_name(name.removeprefix("test_")), "healthy", None, spec.factory,
+                            spec.matrix)  # fmt: skip
+
+
+def architecture_models(matrix: Matrix) -> Iterator[Model]:
+    from zoo.architectures import ARCHITECTURES
+
+    for name, (factory, layers) in ARCHITECTURES.items():
+        yield Model(name, "healthy", layers, factory, matrix)
+
+
+def silent_bug_models(matrix: Matrix) -> Iterator[Model]:
+    from zoo.silent_bugs import PAIRS
+
+    for name, pair in PAIRS.items():
+        yield Model(f"{name}", "bug", None, pair.bug, matrix)
+        yield Model(f"{name}-twin", "twin", None, pair.twin, matrix)
+
+
+def models(device: str) -> list[Model]:
+    matrix = Matrix(devices=(device,), modes=("autocast", "half"))
+    found = [*zoo_models(), *architecture_models(matrix), *silent_bug_models(matrix)]
+    return [
+        Model(m.name, m.group, m.layers, m.factory, replace_devices(m.matrix, device))
+        for m in found
+    ]
+
+
+def replace_devices(matrix: Matrix, device: str) -> Matrix:
+    return Matrix(
+        (device,), matrix.dtypes, matrix.modes, matrix.backends, matrix.compiles, matrix.keep_fp32
+    )
+
+
+def run_model(model: Model) -> list[Row]:
+    """Every cell of the model, run as ``check`` runs it (in this process)."""
+    case = model_case(f"calibrate-{model.name}", model.factory, model.matrix, __file__)
+    plan = expand([case])
+    rows = [Row(model, execute.run_cell(cell)) for cell in plan.to_run]
+    execute.forget_shared()
+    registry._REGISTRY.pop(case.name, None)
+    return rows
+
+
+def shown(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "inf" if math.isinf(value) else f"{value:.3g}"
+
+
+def print_table(rows: list[Row]) -> None:
+    print(f"{'model':34} {'group':7} {'cell':28} {'rel_err':>9} {'rounding':>9} "
+          f"{'ratio':>7}  verdict")  # fmt: skip
+    for row in rows:
+        n = row.record.numerics
+        print(
+            f"{row.model.name:34} {row.model.group:7} {row.where:28} "
+            f"{shown(n.rel_err if n else None):>9} "
+            f"{shown(n.rounding_rel_err if n else None):>9} {shown(row.ratio):>7}  "
+            f"{outcome_label(row.record)}"
+        )
+
+
+def print_markdown(rows: list[Row]) -> None:
+    """One line per model: its ratio in each half-precision cell (the README's table)."""
+    print("| model | group | layers | " + " | ".join(HALF_CELLS) + " |")
+    print("|---|---|---|" + "---:|" * len(HALF_CELLS))
+    by_model: dict[str, dict[str, Row]] = {}
+    for row in rows:
+        by_model.setdefault(row.model.name, {})[row.where.split(" ")[0]] = row
+    for name, cells in by_model.items():
+        model = next(iter(cells.values())).model
+        values = [cell_text(cells.get(key)) for key in HALF_CELLS]
+        layers = str(model.layers) if model.layers else "-"
+        print(f"| {name} | {model.group} | {layers} | " + " | ".join(values) + " |")
+
+
+def cell_text(row: Row | None) -> str:
+    if row is None:
+        return ""
+    label = outcome_label(row.record)
+    return shown(row.ratio) + ("" if label == "passes" else f" ({label})")
+
+
+def print_separation(rows: list[Row]) -> None:
+    half = [r for r in rows if r.record.cell.mode != "fp32" and r.ratio is not None]
+    healthy = [r for r in half if r.model.group != "bug"]
+    costly = [r for r in half if r.model.group == "bug" and (r.ratio or 0) > BUG_COST]
+    worst_healthy = max(healthy, key=lambda r: r.ratio or 0, default=None)
+    mildest_bug = min(costly, key=lambda r: r.ratio or 0, default=None)
+    print(f"\nrule: rel_err <= {ROUNDING_FACTOR:g} x rounding (cells of a different trusted "
+          "fix aside, a model you check has none)")  # fmt: skip
+    if worst_healthy is not None:
+        ratio = worst_healthy.ratio or 0
+        print(f"healthy and twin cells: {len(healthy)}, largest ratio {ratio:.3g} "
+              f"({worst_healthy.model.name} {worst_healthy.where}); "
+              f"margin to the factor {ROUNDING_FACTOR / ratio:.2f}x")  # fmt: skip
+    if mildest_bug is not None:
+        ratio = mildest_bug.ratio or 0
+        print(f"bug cells costing > {BUG_COST:g}x: {len(costly)}, smallest ratio {ratio:.3g} "
+              f"({mildest_bug.model.name} {mildest_bug.where}); "
+              f"margin above the factor {ratio / ROUNDING_FACTOR:.2f}x")  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--only", default="", help="comma-separated model names")
+    parser.add_argument("--markdown", action="store_true", help="also the README's table")
+    args = parser.parse_args()
+    torch.set_num_threads(max(torch.get_num_threads(), 1))
+    chosen = [m for m in models(args.device) if not args.only or m.name in args.only.split(",")]
+    started = time.perf_counter()
+    rows = [row for model in chosen for row in run_model(model)]
+    print_table(rows)
+    if args.markdown:
+        print()
+        print_markdown(rows)
+    print_separation(rows)
+    wrong = [(r, r.misjudged) for r in rows if r.misjudged]
+    for row, why in wrong:
+        print(f"MISJUDGED {row.model.name} {row.where}: {why}")
+    print(f"{len(rows)} cells of {len(chosen)} models on {args.device}, torch "
+          f"{torch.__version__}, in {time.perf_counter() - started:.0f} s; "
+          f"{len(wrong)} misjudged")  # fmt: skip
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
