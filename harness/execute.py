@@ -505,8 +505,9 @@ def tf32_setting(cell: Cell, trail: Trail | None) -> str | None:
         return None
     if trail is not None and "matmul" not in trail.compute_dtypes:
         return None
-    if torch.backends.cuda.matmul.allow_tf32:
-        return "torch.backends.cuda.matmul.allow_tf32"
+    precision = torch.get_float32_matmul_precision()
+    if precision != "highest":  # what torch.backends.cuda.matmul.allow_tf32 sets
+        return f"torch.get_float32_matmul_precision() == {precision!r}"
     if torch.backends.cudnn.allow_tf32 and torch.backends.cudnn.enabled:
         return "torch.backends.cudnn.allow_tf32"
     return None

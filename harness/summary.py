@@ -108,7 +108,10 @@ def failure_line(record: CellRecord) -> str | None:
         n = record.numerics
         leaf = f" in {n.leaf}" if n.leaf else ""
         finite = "" if n.finite else "non-finite output; "
-        parts.insert(0, f"{finite}rel_err {n.rel_err:.3g}{leaf} > tolerance {n.tolerance:.3g}")
+        decided = f" ({n.factor:g} x {n.decided_by})" if n.decided_by and n.factor else ""
+        parts.insert(
+            0, f"{finite}rel_err {n.rel_err:.3g}{leaf} > tolerance {n.tolerance:.3g}{decided}"
+        )
     if record.baseline_error:
         parts.append(f"yardstick failed ({record.baseline_error})")
     parts += [f"warns {text}" for text in record.warnings]

@@ -87,6 +87,16 @@ CAST_OPS = frozenset({"_to_copy", "to", "_to_copy_out", "type_as", "copy"})
 #: Tensor methods that cast: called from Python, they are the code's own casts (autocast's
 #: casts are made in C++, with no Python call around them).
 CAST_METHODS = frozenset({"float", "double", "half", "bfloat16", "to", "type", "type_as"})
+#: Ops that only lay a tensor out anew: an upcast tensor stays "the upcast" through them
+#: (once computed with, in a norm say, the upcast has served its purpose).
+LAYOUT_OPS = frozenset(
+    {
+        "view", "_unsafe_view", "reshape", "_reshape_alias", "transpose", "permute", "t",
+        "expand", "contiguous", "clone", "slice", "select", "unsqueeze", "squeeze", "unbind",
+        "split", "split_with_sizes", "chunk", "narrow", "as_strided", "alias", "detach",
+        "flatten", "unflatten", "repeat", "cat", "stack",
+    }
+)  # fmt: skip
 #: Ops that turn Python data into a tensor (``torch.tensor([...])``).
 FROM_DATA_OPS = frozenset({"lift_fresh", "lift_fresh_copy", "lift"})
 #: Set on a tensor the code cast up explicitly (and on what is computed from it, wide):
@@ -99,6 +109,7 @@ UNDONE_ATTR = "_ampmatrix_undone"
 ISLAND_ATTR = "_ampmatrix_island"
 
 TORCH_DIR = str(Path(torch.__file__).resolve().parent)
+THIS_FILE = __file__
 HARNESS_DIR = Path(__file__).resolve().parent
 STDLIB_DIRS = tuple(
     str(Path(sysconfig.get_paths()[key]).resolve()) for key in ("stdlib", "platstdlib")
@@ -151,8 +162,8 @@ def watch_python(watch: PythonWatch) -> Iterator[None]:
     watch.refresh()
 
     def hook(frame: FrameType, event: str, arg: Any) -> None:
-        if not event.startswith("c_"):
-            return
+        if not event.startswith("c_") or frame.f_code.co_filename == THIS_FILE:
+            return  # the tracer's own calls (it reads autocast's dtype inside an op)
         name = getattr(arg, "__name__", "")
         if event == "c_call":
             if name in CAST_METHODS and isinstance(getattr(arg, "__self__", None), torch.Tensor):
@@ -242,7 +253,7 @@ def kernel_flops(func: Any, inputs: list[torch.Tensor], outputs: list[torch.Tens
         return 2 * outputs[0].numel() * int(inputs[1][0].numel())
     if any(marker in name for marker in QKV_FIRST_MARKERS) and len(inputs) >= 3:
         q, k, v = inputs[:3]
-        keys = k.shape[1] if any(m in name for m in SEQ_FIRST_MARKERS) else k.shape[-2]
+        keys = k.shape[1] if name.startswith(SEQ_FIRST_MARKERS) else k.shape[-2]
         return 2 * q.numel() * keys * (q.shape[-1] + v.shape[-1]) // max(q.shape[-1], 1)
     return None
 
@@ -467,7 +478,7 @@ class DtypeTracer(TorchDispatchMode):
             ):
                 setattr(result, UNDONE_ATTR, upcast)
             return
-        if self.upcast_seen:
+        if self.upcast_seen and short_name(func).split(".")[0] in LAYOUT_OPS:
             upcast = next((u for t in inputs if (u := getattr(t, UPCAST_ATTR, None))), None)
             for t in outputs:
                 if upcast is not None and widens(t.dtype, self.low):

@@ -63,34 +63,36 @@ class Block(nn.Module):
 
 def test_half_casts_model_and_inputs_except_what_the_case_keeps(toy_registry: None) -> None:
     case = registry.get("toy-mixed-matmul")
-    case.keep_fp32 = ("norm", "gate")  # type: ignore[misc]
+    keep = ("norm", "gate", "t")  # parts of the model, and an input by its name
     ctx = execute.context_for(case, Cell(case.name, "none", "cpu", "bfloat16", "half", "eager"))
     inputs = {"x": torch.randn(2, 4), "ids": torch.arange(3), "steps": [torch.randn(2)], "n": 3}
-    w = execute.apply_precision(Workload(Block(), inputs), case, ctx)
+    inputs["t"] = torch.tensor([500.25])
+    w = execute.apply_precision(Workload(Block(), inputs), ctx, keep)
     assert w.model.proj.weight.dtype == torch.bfloat16
     assert w.model.norm.weight.dtype == torch.float32 and w.model.gate.dtype == torch.float32
     assert w.inputs["x"].dtype == torch.bfloat16 and w.inputs["steps"][0].dtype == torch.bfloat16
     assert w.inputs["ids"].dtype == torch.int64 and w.inputs["n"] == 3
+    assert w.inputs["t"].dtype == torch.float32 and w.inputs["t"].item() == 500.25
     reference = execute.context_for(
         case, Cell(case.name, "none", "cpu", "float64", "half", "eager")
     )
-    w64 = execute.apply_precision(Workload(Block(), inputs), case, reference)
+    w64 = execute.apply_precision(Workload(Block(), inputs), reference, keep)
     assert {p.dtype for p in w64.model.parameters()} == {torch.float64}
+    assert w64.inputs["t"].dtype == torch.float64
 
 
 def test_autocast_mode_leaves_float32_weights(toy_registry: None) -> None:
     case = registry.get("toy-mixed-matmul")
     ctx = execute.context_for(case, Cell(case.name, "none", "cpu", "float16", "autocast", "eager"))
-    w = execute.apply_precision(Workload(Block(), {"x": torch.randn(2, 4)}), case, ctx)
+    w = execute.apply_precision(Workload(Block(), {"x": torch.randn(2, 4)}), ctx, ("norm",))
     assert {p.dtype for p in w.model.parameters()} == {torch.float32}
 
 
 def test_keeping_a_part_the_model_lacks_is_an_error(toy_registry: None) -> None:
     case = registry.get("toy-mixed-matmul")
-    case.keep_fp32 = ("nrom",)  # type: ignore[misc]
     ctx = execute.context_for(case, Cell(case.name, "none", "cpu", "float16", "half", "eager"))
-    with pytest.raises(AttributeError, match="keep_fp32 names 'nrom'"):
-        execute.apply_precision(Workload(Block()), case, ctx)
+    with pytest.raises(AttributeError, match="keep_fp32 names 'nrom', which is neither"):
+        execute.apply_precision(Workload(Block(), {"x": torch.randn(2, 4)}), ctx, ("nrom",))
 
 
 def test_the_autocast_witness_sees_ops_under_autocast_only() -> None:

@@ -99,9 +99,24 @@ def test_a_tensor_created_in_fp32_inside_forward_is_the_carrier() -> None:
     x = torch.randn(4, 8).half()
     trail = traced(nn.Identity(), lambda: x * torch.ones(8))  # created in float32
     assert trail.promotion is not None and trail.failure_site is None
-    assert trail.promotion.carrier == "a tensor created in float32 (aten::ones)"
+    made = line_of("# created in float32")
+    assert trail.promotion.carrier == f"a tensor created in float32 (aten::ones) at tests/{made}"
     assert trail.promotion.site.op == "aten::mul"
     assert str(trail.promotion.site.location).endswith(line_of("# created in float32"))
+
+
+def test_a_tensor_made_from_python_data_is_named_by_its_line() -> None:
+    x = torch.randn(4, 8).half()
+
+    def run() -> torch.Tensor:
+        scale = torch.tensor([0.5] * 8, dtype=torch.float32)  # from Python data
+        return x * scale
+
+    trail = traced(nn.Identity(), run)
+    assert trail.promotion is not None
+    made = line_of("# from Python data")
+    assert trail.promotion.carrier == f"a float32 tensor made from Python data at tests/{made}"
+    assert "lift_fresh" not in trail.promotion.describe()
 
 
 def test_derived_parameters_keep_their_name_through_fp32_ops() -> None:

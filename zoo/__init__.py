@@ -1,0 +1,1 @@
+"""Real models and silent-bug models through the matrix (see README.md here)."""
