@@ -364,6 +364,20 @@ def zoo(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def verdicts(session: nox.Session) -> None:
+    """Calibration of the tolerance rule: the zoo, twelve more real architectures and
+    silent precision bugs with their healthy twins, each cell's error over the error of
+    rounding its data; fails if a cell is misjudged (`-- --device cuda` on a GPU)."""
+    version = default_version()
+    if version not in ZOO_FOR_TORCH:
+        session.error(
+            f"no zoo requirements for torch {version} (known: {', '.join(ZOO_FOR_TORCH)})"
+        )
+    install_with_torch(session, version, "-e", ".[test]", *ZOO_FOR_TORCH[version])
+    session.run("python", "benchmarks/bench_verdicts.py", "--markdown", *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The harness's own tests, spread over all cores."""
     install_with_torch(

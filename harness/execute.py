@@ -214,13 +214,20 @@ def run_fix_checked(
     )
     found = (
         no_autocast_flag(watch.seen, ctx.precision) if watched else None,
-        not_half_flag(workload.model, ctx.precision, keep),
+        not_half_flag(
+            workload.model, ctx.precision, keep, tracer.names.unused if tracer else no_tensor
+        ),
         drifted,
         undone_upcast_flag(tracer.undone_upcast() if tracer is not None else None),
     )
     return FixRun(
         output, error, tuple(f for f in found if f), trail, warning_texts(caught), island_note
     )
+
+
+def no_tensor(tensor: torch.Tensor) -> bool:
+    """Without a tracer nothing is known unused."""
+    return False
 
 
 #: At most this many distinct warnings are kept per cell, each cut to its first line.

@@ -21,7 +21,7 @@ leaves torch's dispatch untouched.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
@@ -196,27 +196,47 @@ def named_tensors(model: Any) -> list[tuple[str, str, torch.Tensor]]:
         for kind, named in (
             ("parameter", model.named_parameters()),
             ("buffer", model.named_buffers()),
-            ("tensor attribute", plain_tensor_attributes(model)),
+            (TENSOR_ATTRIBUTE, plain_tensor_attributes(model)),
         )
         for name, tensor in named
     ]
 
 
-def leftover_precision(model: Any, dtype: torch.dtype, keep: tuple[str, ...]) -> list[str]:
+def leftover_precision(
+    model: Any,
+    dtype: torch.dtype,
+    keep: tuple[str, ...],
+    unused: Callable[[torch.Tensor], bool] = lambda t: False,
+) -> list[str]:
     """Floating tensors of ``model`` (parameters, buffers, plain tensor attributes) that are
-    not in ``dtype`` and were not declared kept: ``name (float32)``."""
+    not in ``dtype`` and were not declared kept: ``name (float32)``. A plain tensor
+    attribute for which ``unused`` is true (no op of the run read it) is left out."""
     return [
         f"{name} ({dtype_name(t.dtype)})"
-        for _, name, t in named_tensors(model)
-        if t.is_floating_point() and t.dtype != dtype and not is_kept(name, keep)
+        for kind, name, t in named_tensors(model)
+        if t.is_floating_point()
+        and t.dtype != dtype
+        and not is_kept(name, keep)
+        and not (kind == TENSOR_ATTRIBUTE and unused(t))
     ]
 
 
-def not_half_flag(model: Any, precision: Precision, keep: tuple[str, ...]) -> Flag | None:
-    """The flag of a half cell whose model is not (or no longer) in the cell dtype."""
+TENSOR_ATTRIBUTE = "tensor attribute"
+
+
+def not_half_flag(
+    model: Any,
+    precision: Precision,
+    keep: tuple[str, ...],
+    unused: Callable[[torch.Tensor], bool] = lambda t: False,
+) -> Flag | None:
+    """The flag of a half cell whose model is not (or no longer) in the cell dtype; a plain
+    tensor attribute that no op of the run read (``unused``, from the dtype tracer: a
+    stale copy such as transformers 4.46's ``rotary_emb.original_inv_freq``) costs nothing
+    and is not counted."""
     if precision.managed_by_case or precision.is_reference or not precision.casts_model:
         return None
-    wrong = leftover_precision(model, precision.dtype, keep)
+    wrong = leftover_precision(model, precision.dtype, keep, unused)
     if not wrong:
         return None
     shown = ", ".join(wrong[:3]) + (f" and {len(wrong) - 3} more" if len(wrong) > 3 else "")

@@ -37,6 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.observe import CoreObservation
 from harness.precision import (
+    TENSOR_ATTRIBUTE,
     autocast_enabled,
     dtype_name,
     is_compute_call,
@@ -264,12 +265,22 @@ class Names:
 
     by_id: dict[int, str] = field(default_factory=dict)
     kept: set[int] = field(default_factory=set)
+    #: Plain tensor attributes of the model (``module.to()`` does not cast them), and those
+    #: an op of the run read.
+    attributes: set[int] = field(default_factory=set)
+    read: set[int] = field(default_factory=set)
+
+    def unused(self, tensor: torch.Tensor) -> bool:
+        """A plain tensor attribute that no op of the run read."""
+        return id(tensor) in self.attributes and id(tensor) not in self.read
 
     @classmethod
     def of_workload(cls, model: Any, inputs: dict[str, Any], keep: tuple[str, ...]) -> Names:
         names = cls()
         for kind, name, tensor in named_tensors(model):
             names.by_id[id(tensor)] = f"{kind} {name}"
+            if kind == TENSOR_ATTRIBUTE:
+                names.attributes.add(id(tensor))
             if is_kept(name, keep):
                 names.kept.add(id(tensor))
         for key, value in inputs.items():
@@ -350,6 +361,8 @@ class DtypeTracer(TorchDispatchMode):
 
     def observe(self, func: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
         outputs = self.results_of(outputs)
+        if self.names.attributes:
+            self.names.read.update(id(t) for t in inputs if id(t) in self.names.attributes)
         kind = kernel_kind(func)
         if self.core is not None and kind is not None:
             for t in inputs:

@@ -303,3 +303,29 @@ def test_kernel_flops_from_shapes() -> None:
         2 * out.numel() * 27
     )
     assert kernel_flops(torch.ops.aten.add.Tensor, [a, a], [a]) is None
+
+
+class StaleAttribute(nn.Module):
+    """A float32 copy kept as a plain attribute (``.half()`` does not cast it), unused by
+    ``forward`` unless asked: transformers 4.46's ``rotary_emb.original_inv_freq``."""
+
+    def __init__(self, use_it: bool) -> None:
+        super().__init__()
+        self.use_it = use_it
+        self.proj = nn.Linear(8, 8)
+        self.original_scale = torch.ones(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        return h * self.original_scale.to(h.dtype) if self.use_it else h
+
+
+@pytest.mark.parametrize("use_it", [False, True])
+def test_a_plain_float32_attribute_counts_only_where_the_run_reads_it(
+    clean_registry: None, use_it: bool
+) -> None:
+    matrix = Matrix(dtypes=("float16",), modes=("half",))
+    records = run_model(f"stale-{str(use_it).lower()}", lambda: (StaleAttribute(use_it), torch.randn(2, 8)),
+                        matrix)  # fmt: skip
+    half = next(r for r in records if r.cell.mode == "half")
+    assert outcome_label(half) == ("passes[not-half]" if use_it else "passes")
