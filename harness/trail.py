@@ -26,7 +26,7 @@ import sysconfig
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
@@ -163,18 +163,18 @@ def watch_python(watch: PythonWatch) -> Iterator[None]:
     watch.refresh()
 
     def hook(frame: FrameType, event: str, arg: Any) -> None:
-        if not event.startswith("c_") or frame.f_code.co_filename == THIS_FILE:
-            return  # the tracer's own calls (it reads autocast's dtype inside an op)
-        name = getattr(arg, "__name__", "")
         if event == "c_call":
-            if name in CAST_METHODS and isinstance(getattr(arg, "__self__", None), torch.Tensor):
-                watch.casting = True
+            name = getattr(arg, "__name__", "")
+            if name in CAST_METHODS:
+                watch.casting = isinstance(getattr(arg, "__self__", None), torch.Tensor)
             elif not watch.seen and is_compute_call(arg):
                 watch.seen = watch.enabled.get(watch.device_type, False)
-        elif name in CAST_METHODS:
-            watch.casting = False
-        elif event == "c_return" and "autocast" in name:
-            watch.refresh()
+        elif event == "c_return" or event == "c_exception":
+            name = getattr(arg, "__name__", "")
+            if name in CAST_METHODS:
+                watch.casting = False
+            elif "autocast" in name and frame.f_code.co_filename != THIS_FILE:
+                watch.refresh()  # not for the tracer's own reads of autocast inside an op
 
     sys.setprofile(hook)
     try:
@@ -201,15 +201,19 @@ def floating_tensors(tree: Any) -> list[torch.Tensor]:
     return found
 
 
+@cache
 def op_name(func: Any) -> str:
+    """``aten::mm``; cached per op (the tracer asks for every op a cell runs)."""
     schema = getattr(func, "_schema", None)
     return str(schema.name) if schema is not None else str(func)
 
 
+@cache
 def short_name(func: Any) -> str:
     return op_name(func).split("::")[-1]
 
 
+@cache
 def kernel_kind(func: Any) -> str | None:
     name = short_name(func)
     if any(marker in name for marker in ATTENTION_MARKERS):
@@ -323,7 +327,16 @@ class DtypeTracer(TorchDispatchMode):
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
-        kwargs = kwargs or {}
+        # the watch's profile hook has nothing to see in the tracer's own code: off here
+        # (its calls would cost a hook call each, several times the op's own bookkeeping)
+        hook = sys.getprofile()
+        sys.setprofile(None)
+        try:
+            return self.dispatch(func, args, kwargs or {})
+        finally:
+            sys.setprofile(hook)
+
+    def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         inputs = floating_tensors(args) + (floating_tensors(kwargs) if kwargs else [])
         switched = self.autocast_switched_on()
         try:
