@@ -208,7 +208,7 @@ def run_fix_checked(
     trail = tracer.trail(error) if tracer is not None else None
     drift = tracer.drift(output_leaves_or_none(output)) if tracer is not None else Drift()
     if trail is not None and drift.island is not None:
-        trail = replace(trail, island=replace(drift.island, share=drift.share))
+        trail = replace(trail, island=drift.island)
     drifted, island_note = (
         (None, None) if error else drift_flag(drift, output, ctx.precision, trail)
     )

@@ -596,11 +596,13 @@ class DtypeTracer(TorchDispatchMode):
         of ``outputs``, the fix's result, is still one of them)."""
         escaped = any(getattr(t, ISLAND_ATTR, None) is not None for t in outputs.values())
         ends = [i for i in self.islands if not i.continued]
+        share = None if self.wide_uncounted or not self.flops else self.wide_flops / self.flops
+        first = self.islands[0] if self.islands else None
         return Drift(
             kinds={k: tuple(v) for k, v in self.drifted.items()},
-            share=None if self.wide_uncounted or not self.flops else self.wide_flops / self.flops,
+            share=share,
             contained=bool(ends) and not escaped and all(i.narrowed for i in ends),
-            island=Island(self.islands[0].site, self.islands[0].dtype) if self.islands else None,
+            island=Island(first.site, first.dtype, share) if first else None,
         )
 
     def undone_upcast(self) -> str | None:

@@ -74,7 +74,7 @@ class Island:
     share: float | None = None
 
     def describe(self) -> str:
-        share = f"{self.share:.2%}" if self.share is not None else "an unknown share"
+        share = f"{self.share * 100:.2g}%" if self.share is not None else "an unknown share"
         where = self.site.where()
         return (
             f"{share} of the matmul and attention FLOPs in {self.dtype}, from {self.site.op}"

@@ -287,3 +287,19 @@ def test_a_fix_that_passes_by_computing_attention_in_fp32_drifts(seeds: None) ->
     assert record.flags[0].detail.startswith("attention computed in float32")
     keeps_half = run_seed("sana-softmax-float", "sdpa", "bfloat16", "half", "eager")
     assert keeps_half.outcome is Outcome.PASSES and not keeps_half.flags
+
+
+def test_autocast_stays_on_for_the_ops_after_a_promotion_under_autocast() -> None:
+    """The tracer reads autocast's dtype inside an op (to describe a promotion); that read
+    must not make the watch believe autocast was switched off for the ops after it."""
+    first, second = nn.Linear(8, 8), nn.Linear(8, 8)
+    x = torch.randn(2, 8)
+
+    def run() -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = first(x).float() * torch.ones(8)  # a promotion, described under autocast
+            return second(h)
+
+    trail = traced(nn.Identity(), run, low=torch.bfloat16)
+    assert trail.promotion is not None
+    assert trail.compute_dtypes["matmul"] == ("bfloat16",)  # the second linear too

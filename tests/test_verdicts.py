@@ -149,6 +149,7 @@ def test_a_small_float32_island_cast_back_is_noted_not_flagged(clean_registry: N
         if record.cell.dtype == "float32":
             continue
         assert record.note and ISLAND_NOTE in record.note
+        assert "% of the matmul and attention FLOPs in float32, from aten::" in record.note
         assert record.trail is not None and record.trail.island is not None
         assert record.trail.island.share is not None and record.trail.island.share < 0.01
         assert str(record.trail.island.site.location).endswith(line_of("# the island"))
