@@ -326,7 +326,7 @@ def test_a_plain_float32_attribute_counts_only_where_the_run_reads_it(
     clean_registry: None, use_it: bool
 ) -> None:
     matrix = Matrix(dtypes=("float16",), modes=("half",))
-    records = run_model(f"stale-{str(use_it).lower()}", lambda: (StaleAttribute(use_it), torch.randn(2, 8)),
-                        matrix)  # fmt: skip
+    name = f"stale-{str(use_it).lower()}"
+    records = run_model(name, lambda: (StaleAttribute(use_it), torch.randn(2, 8)), matrix)
     half = next(r for r in records if r.cell.mode == "half")
     assert outcome_label(half) == ("passes[not-half]" if use_it else "passes")
