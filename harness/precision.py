@@ -93,15 +93,29 @@ class Precision:
 def cast_tensors(value: Any, device: torch.device, dtype: torch.dtype) -> Any:
     """Every floating tensor in ``value`` (nested lists, tuples, dicts) moved and cast;
     other tensors only moved; anything else returned as is."""
+
+    def cast(tensor: torch.Tensor) -> torch.Tensor:
+        target = dtype if tensor.is_floating_point() else tensor.dtype
+        return tensor.to(device=device, dtype=target)
+
+    return map_tensors(value, cast, lambda module: module.to(device=device, dtype=dtype))
+
+
+def map_tensors(
+    value: Any,
+    on_tensor: Callable[[torch.Tensor], torch.Tensor],
+    on_module: Callable[[nn.Module], nn.Module],
+) -> Any:
+    """``value`` with each tensor and module in it (nested in lists, tuples and dicts)
+    replaced by what the functions make of it; anything else as it is."""
     if isinstance(value, torch.Tensor):
-        target = dtype if value.is_floating_point() else value.dtype
-        return value.to(device=device, dtype=target)
+        return on_tensor(value)
     if isinstance(value, nn.Module):
-        return value.to(device=device, dtype=dtype)
+        return on_module(value)
     if isinstance(value, Mapping):
-        return {k: cast_tensors(v, device, dtype) for k, v in value.items()}
+        return {k: map_tensors(v, on_tensor, on_module) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(cast_tensors(v, device, dtype) for v in value)
+        return type(value)(map_tensors(v, on_tensor, on_module) for v in value)
     return value
 
 

@@ -10,13 +10,12 @@ float32's, or TF32's (10 mantissa bits) where a GPU computes float32 matmuls in 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
-from harness.precision import TORCH_DTYPES, is_kept
+from harness.precision import TORCH_DTYPES, is_kept, map_tensors
 
 #: The dtypes whose rounding is simulated, and their unit roundoff (half an ulp at 1).
 SIMULATED_ROUNDOFF = {"float32": 2.0**-24, "tf32": 2.0**-11}
@@ -48,15 +47,11 @@ def round_model(model: Any, dtype: str, keep: tuple[str, ...], noise: torch.Gene
 
 def round_values(value: Any, dtype: str, noise: torch.Generator) -> Any:
     """Every floating tensor in ``value`` (nested lists, tuples, dicts) rounded."""
-    if isinstance(value, torch.Tensor):
-        return round_to(value, dtype, noise)
-    if isinstance(value, nn.Module):
-        return round_model(value, dtype, (), noise)
-    if isinstance(value, Mapping):
-        return {k: round_values(v, dtype, noise) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(round_values(v, dtype, noise) for v in value)
-    return value
+    return map_tensors(
+        value,
+        lambda tensor: round_to(tensor, dtype, noise),
+        lambda module: round_model(module, dtype, (), noise),
+    )
 
 
 def round_inputs(
