@@ -150,9 +150,66 @@ def uv_settings(pip: dict[str, str], environ: Mapping[str, str]) -> dict[str, st
     return settings
 
 
-def flash_attn_requirements() -> tuple[str, ...]:
-    """flash-attn, an optional extra for GPU boxes: installed when AMPMATRIX_FLASH_ATTN=1."""
-    return ("flash-attn", "--no-build-isolation") if os.environ.get("AMPMATRIX_FLASH_ATTN") else ()
+#: AMPMATRIX_FLASH_ATTN: which flash-attn the matrix session installs on a GPU box.
+FLASH_ATTN_SETTINGS = {
+    "": None,
+    "0": None,
+    "1": "2",  # flash-attn 2, built from source against the CUDA toolkit (tens of minutes)
+    "2": "2",
+    "4": "4",  # flash-attn 4 (CuTe-DSL), wheels only: Hopper and Blackwell (sm90+)
+    "auto": "auto",  # 4 on an sm90+ GPU, 2 on an older one, none without a GPU
+}
+
+
+def flash_attn_choice(setting: str, gpu_major: int | None) -> str | None:
+    """The flash-attn major version AMPMATRIX_FLASH_ATTN asks for (``2``, ``4``), or None."""
+    if setting not in FLASH_ATTN_SETTINGS:
+        raise ValueError(
+            f"AMPMATRIX_FLASH_ATTN={setting!r}: expected one of "
+            + ", ".join(repr(k) for k in FLASH_ATTN_SETTINGS if k)
+        )
+    choice = FLASH_ATTN_SETTINGS[setting]
+    if choice != "auto":
+        return choice
+    if gpu_major is None:
+        return None
+    return "4" if gpu_major >= 9 else "2"
+
+
+def flash_attn_2_requirements(choice: str | None) -> tuple[str, ...]:
+    """flash-attn 2, built against the CUDA toolkit, where it is the choice."""
+    return ("flash-attn", "--no-build-isolation") if choice == "2" else ()
+
+
+def flash_attn_4_extra(torch_cuda: str) -> str:
+    """ampmatrix's extra for flash-attn 4: its CUTLASS DSL libraries for torch's CUDA."""
+    return "flash4-cu13" if torch_cuda.startswith("13") else "flash4"
+
+
+def gpu_major() -> int | None:
+    """The first GPU's compute capability major (nvidia-smi), None without a GPU."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    first = out.strip().splitlines()[:1]
+    return int(float(first[0])) if first and first[0].strip() else None
+
+
+def install_flash_attn_4(session: nox.Session, version: str) -> None:
+    """flash-attn 4 from PyPI wheels, with the CUTLASS DSL libraries for this torch's CUDA
+    (the torch pin again, so nothing replaces it)."""
+    cuda = session.run(
+        "python", "-c", "import torch; print(torch.version.cuda or '')", silent=True
+    )
+    extra = flash_attn_4_extra(str(cuda or "").strip())
+    session.install(f".[{extra}]", f"torch=={version}")
 
 
 def lightning_requirements(version: str) -> tuple[str, ...]:
@@ -168,9 +225,12 @@ def matrix(session: nox.Session, torch: str) -> None:
             f"`nox -s matrix` runs torch {default_version()} only; run "
             f"`nox -s \"matrix(torch='{torch}')\"` or `nox -t all-versions`"
         )
+    flash = flash_attn_choice(os.environ.get("AMPMATRIX_FLASH_ATTN", ""), gpu_major())
     install_with_torch(
-        session, torch, "-e", ".", *lightning_requirements(torch), *flash_attn_requirements()
+        session, torch, "-e", ".", *lightning_requirements(torch), *flash_attn_2_requirements(flash)
     )
+    if flash == "4":
+        install_flash_attn_4(session, torch)
     session.run("python", "-m", "harness", "run", "--report-dir", "reports", *session.posargs)
     if KEEP_ENVS:
         prune_environments(session, KEEP_ENVS)

@@ -12,9 +12,13 @@ VAR's growing scales, the attention kernel, ``proj``. The ``small`` size runs th
 of a narrow model; ``upstream`` is VAR-d16 (width 1024, 16 heads) over all ten of VAR's
 scales (680 tokens), batch 2 (one class label and its CFG twin).
 
-Where flash-attn is not installed, the ``flash-attn-contract`` backend
-(:mod:`harness.flash_contract`) enforces flash-attn's input checks and computes with SDPA;
-its outcomes come from that contract, not from the real kernel.
+The ``flash-attn`` backend runs the real kernel (:mod:`harness.flash_kernels`): flash-attn
+2 where it is installed, else flash-attn 4 on sm90+, which refuses the same fp32 query
+with its own assertion (``q, k, v, and qv must have the same dtype``; all-fp32 inputs:
+``inputs must be float16, bfloat16, fp8 e4m3fn, or fp8 e5m2``). Where neither runs, the
+``flash-attn-contract`` backend (:mod:`harness.flash_contract`) enforces flash-attn 2's
+input checks and messages and computes with SDPA; its outcomes come from that contract,
+not from the real kernel.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from harness import flash_kernels
 from harness.case import Case, FailureSignature, RunContext, Size, Upstream, Workload, fix
-from harness.flash_contract import flash_attn_contract_func, load_flash_attn_func
+from harness.flash_contract import flash_attn_contract_func
 from harness.registry import register
 
 
@@ -149,10 +154,13 @@ class VarSelfAttention(nn.Module):
         return self.proj(oup)
 
 
-def _kernel_for(backend: str) -> Kernel | None:
+def _kernel_for(backend: str, device: torch.device) -> Kernel | None:
     """The attention kernel for a backend; None selects VAR's SDPA fallback (``slow_attn``)."""
     if backend == "flash-attn":
-        return load_flash_attn_func()
+        package = flash_kernels.package_for(str(device))
+        if isinstance(package, str):  # the environment skips such cells; a direct call
+            raise RuntimeError(package)
+        return flash_kernels.load_kernel(package)
     if backend == "flash-attn-contract":
         return flash_attn_contract_func
     return None
@@ -169,9 +177,10 @@ class VarNormalizePromotion(Case):
         issues=("FoundationVision/VAR#30", "FoundationVision/VAR#27"),
         url="https://github.com/FoundationVision/VAR/issues/30",
     )
-    failure = FailureSignature(
-        error_type="RuntimeError",
-        message=r"FlashAttention only support fp16 and bf16 data type",
+    failure = FailureSignature(*flash_kernels.REFUSALS[flash_kernels.FLASH_ATTN_2][0])
+    failure_variants = tuple(
+        FailureSignature(*refusal)
+        for refusal in flash_kernels.REFUSALS[flash_kernels.FLASH_ATTN_4]
     )
     reference_fix = "cast-to-main-type"
     devices = ("cpu", "cuda")
@@ -183,7 +192,7 @@ class VarNormalizePromotion(Case):
 
     def build(self, ctx: RunContext) -> Workload:
         dims: Dims = ctx.dims
-        kernel = _kernel_for(ctx.backend)
+        kernel = _kernel_for(ctx.backend, ctx.device)
         model = VarSelfAttention(dims.embed_dim, dims.num_heads, kernel).eval()
         scales = [torch.randn(dims.batch, pn * pn, dims.embed_dim) for pn in dims.patch_nums]
         return Workload(model=model, inputs={"scales": scales})

@@ -188,6 +188,10 @@ class Case:
     title: ClassVar[str] = ""
     upstream: ClassVar[Upstream | None] = None
     failure: ClassVar[FailureSignature | None] = None
+    #: The same failure in other words: as another kernel or release words it (flash-attn
+    #: 4's assertion where flash-attn 2 raises a RuntimeError). A cell reproduces when its
+    #: error matches ``failure`` or any of these.
+    failure_variants: ClassVar[tuple[FailureSignature, ...]] = ()
     #: A fix that is correct in any dtype: run in float64 it is the reference, run in the
     #: cell's dtype (mode ``half``, on the CPU) it is the plain low-precision baseline.
     reference_fix: ClassVar[str] = ""
@@ -225,6 +229,11 @@ class Case:
     #: backend): for a model built differently per backend, with other weights, say.
     reference_per_backend: ClassVar[bool] = False
     source_file: str = ""
+
+    @property
+    def known_failures(self) -> tuple[FailureSignature, ...]:
+        """``failure`` and its variants (empty for a model you check)."""
+        return (self.failure, *self.failure_variants) if self.failure else ()
 
     @property
     def size_names(self) -> tuple[str, ...]:
@@ -267,6 +276,7 @@ class Case:
             "title": self.title,
             "upstream": dataclasses.asdict(self.upstream) if self.upstream else None,
             "failure": dataclasses.asdict(self.failure) if self.failure else None,
+            "failure_variants": [dataclasses.asdict(f) for f in self.failure_variants],
             "source_file": self.source_file,
             "keep_fp32": list(self.keep_fp32),
             "manages_precision": self.manages_precision,

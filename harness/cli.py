@@ -289,7 +289,7 @@ def describe_case(case: Case) -> list[str]:
     if up.url:
         lines.append(f"  link:     {up.url}")
     lines += [
-        f"  failure:  {case.failure.error_type}: /{case.failure.message}/",
+        *(f"  failure:  {f.error_type}: /{f.message}/" for f in case.known_failures),
         f"  devices:  {', '.join(case.devices)}   dtypes: {', '.join(case.dtypes)}",
         f"  modes:    {', '.join(case.modes)}   backends: {', '.join(case.backends)}",
     ]

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from harness import registry, torch_state
+from harness import flash_kernels, registry, torch_state
 from harness.axes import CONTROL_DTYPE
 from harness.case import Case, RunContext, Workload
 from harness.numerics import Yardsticks, judge_leaves, within_tolerance
@@ -63,8 +63,8 @@ MAX_MESSAGE = 4000
 #: How many of the case's own frames a failure keeps (the innermost ones).
 MAX_FRAMES = 3
 CONTRACT_NOTE = (
-    "flash-attn-contract: flash-attn's input contract enforced, computed with SDPA; "
-    "not the real flash-attn kernel"
+    "flash-attn-contract: flash-attn 2's input contract and error messages enforced, "
+    "computed with SDPA; not the real flash-attn kernel"
 )
 REFERENCE_BACKENDS = ("sdpa", "eager")
 
@@ -606,14 +606,16 @@ def raised(case: Case, error: BaseException, record: CellRecord) -> CellRecord:
     """A cell whose fix raised. It reproduces when the error (or a class it derives from,
     so Dynamo's ``TorchRuntimeError`` counts as a ``RuntimeError``) and message match."""
     fields = error_fields(error, case_root(case))
-    failure = case.failure
+    known = case.known_failures
     kinds = [k.__name__ for k in type(error).__mro__]
     return replace(
         record,
         outcome=Outcome.RAISES,
         # a model checked by the user has no known failure: its errors are just errors
-        reproduces=any(failure.matches(kind, fields["error_message"]) for kind in kinds)
-        if failure
+        reproduces=any(
+            failure.matches(kind, fields["error_message"]) for failure in known for kind in kinds
+        )
+        if known
         else None,
         compile_error=from_compiler(error) if record.cell.compile != "eager" else None,
         **fields,
@@ -643,7 +645,7 @@ def run_cell(cell: Cell, worker: str | None = None, trace: bool = True) -> CellR
         cell=cell,
         torch_version=torch.__version__,
         outcome=Outcome.CRASHED,  # replaced by classify()
-        note=CONTRACT_NOTE if cell.backend == "flash-attn-contract" else None,
+        note=backend_note(cell),
         worker=worker,
     )
     ctx = context_for(case, cell)
@@ -664,6 +666,15 @@ def run_cell(cell: Cell, worker: str | None = None, trace: bool = True) -> CellR
         duration_s=round(time.perf_counter() - started, 6),
         note=join_notes(record.note, changed_note(changed)),
     )
+
+
+def backend_note(cell: Cell) -> str | None:
+    """What stood in for, or really ran as, flash-attn in a cell of a flash-attn backend."""
+    if cell.backend == "flash-attn-contract":
+        return CONTRACT_NOTE
+    if cell.backend == "flash-attn":
+        return flash_kernels.backend_note(cell.device)
+    return None
 
 
 def changed_note(changed: list[str]) -> str | None:

@@ -90,6 +90,7 @@ CASE_FIELDS: dict[str, Any] = {
     "source_file": str | None,
     "upstream": dict[str, str | list[str] | None] | None,
     "failure": dict[str, str | None] | None,
+    "failure_variants": list[dict[str, str | None]],
     "fixes": list[dict[str, str | None]],
     "keep_fp32": list[str],
     "manages_precision": bool,

@@ -76,15 +76,17 @@ def test_unknown_names_are_refused_with_suggestions(
 
 
 def test_backend_skip_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness import environment
+    from harness import environment, flash_kernels
 
-    monkeypatch.setattr(environment, "flash_attn_available", lambda: False)
-    assert "not installed" in str(environment.backend_skip_reason("cuda:0", "flash-attn"))
+    monkeypatch.setattr(flash_kernels, "installed_version", lambda dist: None)
+    assert "neither flash-attn 2" in str(environment.backend_skip_reason("cuda:0", "flash-attn"))
     assert environment.backend_skip_reason("cpu", "flash-attn-contract") is None
-    monkeypatch.setattr(environment, "flash_attn_available", lambda: True)
+    monkeypatch.setattr(flash_kernels, "installed_version", lambda dist: "2.8.3")
     assert environment.backend_skip_reason("cpu", "flash-attn") == "flash-attn needs a CUDA device"
     assert environment.backend_skip_reason("cuda:0", "flash-attn") is None
-    assert "real kernel" in str(environment.backend_skip_reason("cuda:0", "flash-attn-contract"))
+    assert "real flash-attn kernel runs here instead" in str(
+        environment.backend_skip_reason("cuda:0", "flash-attn-contract")
+    )
 
 
 def test_missing_requirement_skips_with_the_module_name() -> None:
