@@ -138,3 +138,38 @@ def test_a_plain_matrix_call_parametrizes_only_the_default_release(
     monkeypatch.setattr(sys, "argv", argv)
     expected = nf.configured_versions() if every else (nf.default_version(),)
     assert nf.session_versions() == expected
+
+
+@pytest.mark.parametrize(
+    ("setting", "gpu", "choice"),
+    [
+        ("", 9, None),
+        ("0", 9, None),
+        ("1", None, "2"),
+        ("2", 8, "2"),
+        ("4", 9, "4"),
+        ("auto", 9, "4"),
+        ("auto", 10, "4"),
+        ("auto", 8, "2"),
+        ("auto", None, None),
+    ],
+)
+def test_which_flash_attn_the_matrix_session_installs(
+    nf: ModuleType, setting: str, gpu: int | None, choice: str | None
+) -> None:
+    assert nf.flash_attn_choice(setting, gpu) == choice
+    built = ("flash-attn", "--no-build-isolation")
+    assert nf.flash_attn_2_requirements(choice) == (built if choice == "2" else ())
+
+
+def test_a_bad_flash_attn_setting_is_refused(nf: ModuleType) -> None:
+    with pytest.raises(ValueError, match="AMPMATRIX_FLASH_ATTN='3': expected one of"):
+        nf.flash_attn_choice("3", 9)
+
+
+def test_flash_attn_4_gets_the_cutlass_libraries_for_torchs_cuda(nf: ModuleType) -> None:
+    assert nf.flash_attn_4_extra("13.0") == "flash4-cu13"
+    assert nf.flash_attn_4_extra("12.8") == "flash4"
+    extras = (ROOT / "pyproject.toml").read_text()
+    assert 'flash4 = ["flash-attn-4>=4.0.0b36"]' in extras
+    assert 'flash4-cu13 = ["flash-attn-4[cu13]>=4.0.0b36"]' in extras
