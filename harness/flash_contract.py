@@ -20,14 +20,12 @@ Checks, in flash-attn's order (after the Python wrapper's ``maybe_contiguous``):
 - batch size positive, head dimension at most 256, heads of k/v dividing heads of q,
   and k/v shapes consistent with q.
 
-:func:`load_flash_attn_func` returns the real ``flash_attn.flash_attn_func`` when it imports.
+The real kernels (flash-attn 2, or flash-attn 4 on sm90+) are in :mod:`harness.flash_kernels`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -35,15 +33,6 @@ import torch.nn.functional as F
 #: flash-attn 2's largest supported head dimension (forward).
 MAX_HEAD_DIM = 256
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
-
-
-def load_flash_attn_func() -> Callable[..., Any] | None:
-    """The real ``flash_attn.flash_attn_func``, or None when flash-attn does not import."""
-    try:
-        from flash_attn import flash_attn_func
-    except ImportError:  # not installed, or its CUDA extension does not load
-        return None
-    return flash_attn_func
 
 
 def _check(condition: bool, message: str) -> None:
