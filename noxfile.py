@@ -227,7 +227,12 @@ def matrix(session: nox.Session, torch: str) -> None:
         )
     flash = flash_attn_choice(os.environ.get("AMPMATRIX_FLASH_ATTN", ""), gpu_major())
     install_with_torch(
-        session, torch, "-e", ".", *lightning_requirements(torch), *flash_attn_2_requirements(flash)
+        session,
+        torch,
+        "-e",
+        ".",
+        *lightning_requirements(torch),
+        *flash_attn_2_requirements(flash),
     )
     if flash == "4":
         install_flash_attn_4(session, torch)

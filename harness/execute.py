@@ -26,7 +26,7 @@ import torch
 from harness import flash_kernels, registry, torch_state
 from harness.axes import CONTROL_DTYPE
 from harness.case import Case, RunContext, Workload
-from harness.numerics import Yardsticks, judge_leaves, within_tolerance
+from harness.numerics import Yardsticks, judge_leaves, relative_error, within_tolerance
 from harness.perf import perf_figures
 from harness.precision import (
     autocast_region,
@@ -326,18 +326,19 @@ def compute_baseline(piece: Workpiece, device: str, dtype: str) -> Baseline:
         run = run_fix_checked(case, case.reference_fix, ctx, trace=False)
     except WorkloadFailed as failure:
         run = FixRun(error=failure.error)
-    return errors_against_reference(run, piece, dtype_of(dtype))
+    return errors_against_reference(run, piece)
 
 
-def errors_against_reference(run: FixRun, piece: Workpiece, dtype: torch.dtype) -> Baseline:
+def errors_against_reference(run: FixRun, piece: Workpiece) -> Baseline:
+    """A yardstick run's error per leaf against the reference, or why there is none."""
     if run.error is not None:
         return Baseline({}, f"{type(run.error).__name__}: {error_text(run.error)}"[:MAX_MESSAGE])
     reference = reference_leaves(piece)
-    problem = structure_problem(output_leaves(run.output), reference)
+    leaves = output_leaves(run.output)
+    problem = structure_problem(leaves, reference)
     if problem:
         return Baseline({}, problem)
-    numerics = judge_leaves(output_leaves(run.output), reference, dtype, {}, {})
-    return Baseline({leaf: n.rel_err for leaf, n in numerics.items()})
+    return Baseline({leaf: relative_error(t, reference[leaf])[1] for leaf, t in leaves.items()})
 
 
 def rounding(piece: Workpiece, dtype: str, keep: tuple[str, ...]) -> Baseline:
@@ -364,7 +365,7 @@ def compute_rounding(piece: Workpiece, dtype: str, keep: tuple[str, ...]) -> Bas
         )
     except WorkloadFailed as failure:
         run = FixRun(error=failure.error)
-    return errors_against_reference(run, piece, torch.float64)
+    return errors_against_reference(run, piece)
 
 
 def rounded_workload(case: Case, ctx: RunContext, dtype: str, keep: tuple[str, ...]) -> Workload:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib.metadata
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import torch
@@ -62,9 +63,11 @@ class FlashPackage:
         return f"{self.dist} {self.version} ({self.module})"
 
 
+@cache
 def installed_version(dist: str) -> str | None:
     """The installed version of a distribution, read from its metadata (importing
-    flash-attn 4 takes seconds; its metadata does not)."""
+    flash-attn 4 takes seconds; its metadata does not), once per process: every
+    flash-attn cell of a plan asks."""
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:

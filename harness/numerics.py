@@ -49,8 +49,6 @@ from harness.records import Numerics
 FIX_FACTOR = 3.0
 #: How far beyond the error of rounding the data a cell may go: calibrated (see above).
 ROUNDING_FACTOR = 18.0
-#: Kept for readers of the older name.
-FUDGE = FIX_FACTOR
 DTYPE_FLOOR = {
     torch.float16: torch.finfo(torch.float16).eps,
     torch.bfloat16: torch.finfo(torch.bfloat16).eps,

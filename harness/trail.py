@@ -110,7 +110,6 @@ UNDONE_ATTR = "_ampmatrix_undone"
 ISLAND_ATTR = "_ampmatrix_island"
 
 TORCH_DIR = str(Path(torch.__file__).resolve().parent)
-THIS_FILE = __file__
 HARNESS_DIR = Path(__file__).resolve().parent
 STDLIB_DIRS = tuple(
     str(Path(sysconfig.get_paths()[key]).resolve()) for key in ("stdlib", "platstdlib")
@@ -173,8 +172,8 @@ def watch_python(watch: PythonWatch) -> Iterator[None]:
             name = getattr(arg, "__name__", "")
             if name in CAST_METHODS:
                 watch.casting = False
-            elif "autocast" in name and frame.f_code.co_filename != THIS_FILE:
-                watch.refresh()  # not for the tracer's own reads of autocast inside an op
+            elif "autocast" in name:
+                watch.refresh()
 
     sys.setprofile(hook)
     try:
