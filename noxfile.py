@@ -209,7 +209,7 @@ def install_flash_attn_4(session: nox.Session, version: str) -> None:
         "python", "-c", "import torch; print(torch.version.cuda or '')", silent=True
     )
     extra = flash_attn_4_extra(str(cuda or "").strip())
-    session.install(f".[{extra}]", f"torch=={version}")
+    session.install("-e", f".[{extra}]", f"torch=={version}")
 
 
 def lightning_requirements(version: str) -> tuple[str, ...]:
