@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from harness.dispatch_mode import LazyDynamoMode
 
 #: Substrings of aten op names that count as the attention core's compute.
 CORE_OP_MARKERS = ("mm", "matmul", "attention", "baddbmm", "addmm", "linear")
@@ -40,7 +41,7 @@ def _is_core_op(func: Any) -> bool:
     return any(marker in name for marker in CORE_OP_MARKERS)
 
 
-class _CoreDtypeRecorder(TorchDispatchMode):
+class _CoreDtypeRecorder(LazyDynamoMode):
     def __init__(self, observation: CoreObservation) -> None:
         super().__init__()
         self.observation = observation

@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from harness.dispatch_mode import LazyDynamoMode
 from harness.observe import CoreObservation
 from harness.precision import (
     TENSOR_ATTRIBUTE,
@@ -292,7 +292,7 @@ class Names:
         return names
 
 
-class DtypeTracer(TorchDispatchMode):
+class DtypeTracer(LazyDynamoMode):
     """Watches every aten op of one run of a fix (see the module docstring)."""
 
     def __init__(
