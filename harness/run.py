@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -74,15 +75,20 @@ def write_plan(run_dir: Path, name: str, **items: Any) -> Path:
     return path
 
 
-def worker_count(workers: str, cells: Sequence[Cell]) -> int:
-    """``auto``: one worker per core, and at least one per GPU plus one for the CPU cells;
-    never more workers than cells."""
+def worker_count(workers: str, cells: Sequence[Cell], batch: int = 1) -> int:
+    """Worker processes for the correctness phase, never more than there are batches.
+    ``auto``: one per GPU (each GPU's batches go to one worker), and the other cores for
+    the CPU's batches (at least one); none where that makes one worker: the cells then run
+    from this process (each batch still in a forked child), since a worker's interpreter
+    costs more to start and stop (2 s) than it saves."""
+    batches = batches_of(cells, batch)
     if workers != "auto":
-        return max(0, min(int(workers), len(cells)))
-    devices = {c.device for c in cells}
-    gpus = sum(d.startswith("cuda") for d in devices)
-    wanted = max(os.cpu_count() or 1, gpus + ("cpu" in devices))
-    return min(wanted, len(cells))
+        return max(0, min(int(workers), len(batches)))
+    gpus = len({b[0].device for b in batches if b[0].device.startswith("cuda")})
+    cpu_batches = sum(b[0].device == "cpu" for b in batches)
+    cpu_workers = min(cpu_batches, max(1, (os.cpu_count() or 1) - gpus))
+    wanted = gpus + cpu_workers
+    return wanted if wanted > 1 else 0
 
 
 #: pytest plugins the cell run does without: no cache files in the results directory, and
@@ -227,11 +233,57 @@ def timing_columns(records: Sequence[CellRecord]) -> dict[str, list[CellRecord]]
     return columns
 
 
-def time_cells(run_dir: Path, config: RunConfig) -> int:
-    """Timing phase: one worker per device, each timing its device's columns one at a time."""
+@dataclasses.dataclass(frozen=True)
+class TimingPhase:
+    """How the timing phase spent its wall time: ``measured_s`` inside timed calls (the
+    samples' blocks), the rest starting processes, building workloads, warming up,
+    counting FLOPs and memory."""
+
+    cells: int
+    wall_s: float
+    measured_s: float
+
+    @property
+    def measured_share(self) -> float:
+        return self.measured_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cells": self.cells, "wall_s": self.wall_s, "measured_s": self.measured_s}
+
+    def line(self) -> str:
+        return (
+            f"ampmatrix: timed {self.cells} cells in {self.wall_s:.1f} s, "
+            f"{self.measured_share:.0%} of it in measured calls"
+        )
+
+
+def measured_seconds(record: CellRecord) -> float:
+    """Time spent inside the cell's timed blocks of calls."""
+    perf = record.perf
+    return sum(perf.time_samples) * perf.time_block if perf else 0.0
+
+
+def time_cells(
+    run_dir: Path, config: RunConfig, clock: Callable[[], float] = time.monotonic
+) -> tuple[int, TimingPhase | None]:
+    """Timing phase: one worker per device, each timing its device's columns one at a time.
+    Returns pytest's exit code and what the phase spent its time on (None: nothing timed)."""
     records = cells_to_time(run_dir)
     if not records or config.timing is None:
-        return 0
+        return 0, None
+    started = clock()
+    code = time_columns(run_dir, records)
+    timed = {r.cell: r for r in storage.read_records(run_dir, problems=[])}
+    phase = TimingPhase(
+        cells=len(records),
+        wall_s=clock() - started,
+        measured_s=sum(measured_seconds(timed[r.cell]) for r in records if r.cell in timed),
+    )
+    print(phase.line(), flush=True)
+    return code, phase
+
+
+def time_columns(run_dir: Path, records: list[CellRecord]) -> int:
     columns = timing_columns(records)
     print(
         f"ampmatrix: timing {len(records)} cells in {len(columns)} groups, one worker per device",
@@ -245,11 +297,24 @@ def time_cells(run_dir: Path, config: RunConfig) -> int:
     devices = {r.cell.device for r in records}
     controller = Controller(run_dir, timing_crashes(columns))
     threads = (os.cpu_count() or 1) if devices == {"cpu"} else threads_per_worker(len(devices))
-    args = pytest_args(plan_path, len(devices), grouped=True, items=len(columns))
+    args = pytest_args(plan_path, timing_workers(devices), grouped=True, items=len(columns))
     return run_pytest(args, controller, threads)
 
 
-def finish_run(run_dir: Path, exit_code: int, workers: int, config: RunConfig) -> None:
+def timing_workers(devices: set[str]) -> int:
+    """One worker per device; none where there is one device: its columns are timed from
+    this process (each in a forked child), with no worker to wait for (4-5 s on a 2-core
+    CPU before the first column) or to stop."""
+    return len(devices) if len(devices) > 1 else 0
+
+
+def finish_run(
+    run_dir: Path,
+    exit_code: int,
+    workers: int,
+    config: RunConfig,
+    timing_phase: TimingPhase | None = None,
+) -> None:
     env = storage.read_env(run_dir)
     records = storage.read_records(run_dir)
     env.update(
@@ -258,6 +323,7 @@ def finish_run(run_dir: Path, exit_code: int, workers: int, config: RunConfig) -
         workers=workers,
         threads_per_worker=threads_per_worker(workers),
         timing=dataclasses.asdict(config.timing) if config.timing else None,
+        timing_phase=timing_phase.to_dict() if timing_phase else None,
         config=config.to_dict(),
         peak_gflops=measured_peaks(records),
         peak_measured_at=peak_dates(records),
@@ -338,11 +404,10 @@ def write_run_plan(run_dir: Path, plan: Plan, config: RunConfig) -> None:
 def run_cells(run_dir: Path, plan: Plan, config: RunConfig) -> Path:
     """Record the skipped cells, run the others, time what ran, and close the run."""
     record_skipped(run_dir, plan)
-    workers = worker_count(config.workers, plan.to_run)
+    workers = worker_count(config.workers, plan.to_run, config.batch)
     exit_code = execute_cells(run_dir, plan, workers, config)
-    if config.timing is not None:
-        exit_code = max(exit_code, time_cells(run_dir, config))
-    finish_run(run_dir, exit_code, workers, config)
+    timing_code, timing_phase = time_cells(run_dir, config)
+    finish_run(run_dir, max(exit_code, timing_code), workers, config, timing_phase)
     return run_dir
 
 

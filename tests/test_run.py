@@ -6,6 +6,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,24 @@ def test_auto_workers_give_every_gpu_its_own_worker(monkeypatch: pytest.MonkeyPa
         for device in ("cpu", "cuda:0", "cuda:1", "cuda:2")
     ]
     assert run.worker_count("auto", cells) == 4  # three GPUs and the CPU, on 2 cores
+
+
+def test_auto_workers_are_none_where_one_would_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One batch, or one GPU's batches only: the cells run from the calling process, with
+    no worker interpreter to start; explicit counts are kept."""
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    one_batch = [ran(f"f{i}", "cpu").cell for i in range(5)]
+    assert run.worker_count("auto", one_batch, batch=16) == 0
+    assert run.worker_count("1", one_batch, batch=16) == 1
+    models_on_one_gpu = [replace(ran("none", "cuda:0").cell, case=f"m{i}") for i in range(14)]
+    assert run.worker_count("auto", models_on_one_gpu, batch=16) == 0
+    assert run.worker_count("auto", models_on_one_gpu + one_batch * 4, batch=1) == 16
+
+
+def test_timing_runs_from_this_process_where_there_is_one_device() -> None:
+    assert run.timing_workers({"cpu"}) == 0
+    assert run.timing_workers({"cuda:0"}) == 0
+    assert run.timing_workers({"cpu", "cuda:0", "cuda:1"}) == 3
 
 
 def test_gpu_cells_are_grouped_per_device_in_the_correctness_phase(
