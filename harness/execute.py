@@ -44,7 +44,7 @@ from harness.precision import (
 )
 from harness.records import Cell, CellRecord, CrashKind, Flag, Numerics, Outcome
 from harness.rounding import noise_source, round_inputs, round_model
-from harness.timing import TimingConfig, measure_interleaved, stopwatch_for
+from harness.timing import Stopwatch, TimingConfig, measure_interleaved, stopwatch_for
 from harness.trail import (
     HARNESS_DIR,
     DtypeTracer,
@@ -749,18 +749,24 @@ class TimedCall:
     record: CellRecord
     call: Callable[[], Any]
     device: torch.device
+    #: The per-call time of the second checked call: the call is warm, and this sizes the
+    #: blocks of its samples.
+    estimate: float
 
 
-def checked_call(record: CellRecord) -> TimedCall | CellRecord:
-    """The cell's call, after two calls that must agree; or its record with a note. A call
-    that changes torch's global settings has them put back after every call, so the fixes
-    timed beside it run as they would alone."""
+def checked_call(record: CellRecord, stopwatch: Stopwatch | None = None) -> TimedCall | CellRecord:
+    """The cell's call, after two calls that must agree (they are its warm-up; the second
+    is timed on ``stopwatch``); or its record with a note. A call that changes torch's
+    global settings has them put back after every call, so the fixes timed beside it run as
+    they would alone."""
     changed: list[str] = []
     try:
         with torch_state.kept(changed):
             call, device = prepare_call(record.cell)
-            first, second = call(), call()
-            same = same_output(first, second)
+            outputs = [call()]
+            watch = stopwatch or stopwatch_for(device)
+            estimate = watch.time_block(lambda: outputs.append(call()), 1)
+            same = same_output(*outputs)
     except Exception as error:
         failure = f"{type(error).__name__}: {error_text(error)}"
         return replace(record, timing_error=failure[:MAX_MESSAGE])
@@ -769,6 +775,7 @@ def checked_call(record: CellRecord) -> TimedCall | CellRecord:
         replace(record, note=join_notes(record.note, *notes)),
         restoring(call) if changed else call,
         device,
+        estimate,
     )
 
 
@@ -801,12 +808,14 @@ def time_column(
 ) -> list[CellRecord]:
     """Time cells that will be compared (one case, device, dtype and mode) side by side,
     then add FLOPs, throughput and memory to each record."""
-    checked = [checked_call(r) for r in records]
+    stopwatch = stopwatch_for(torch.device(records[0].cell.device), config.flush_l2)
+    checked = [checked_call(r, stopwatch) for r in records]
     calls = [c for c in checked if isinstance(c, TimedCall)]
     if not calls:
         return [c for c in checked if isinstance(c, CellRecord)]
-    stopwatch = stopwatch_for(calls[0].device, config.flush_l2)
-    timings = measure_interleaved([c.call for c in calls], config, stopwatch)
+    timings = measure_interleaved(
+        [c.call for c in calls], config, stopwatch, estimates=[c.estimate for c in calls]
+    )
     timed = iter(
         replace(
             c.record,

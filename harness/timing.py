@@ -166,13 +166,18 @@ def measure_interleaved(
     config: TimingConfig = TimingConfig(),
     stopwatch: Stopwatch | None = None,
     clock: Clock = time.perf_counter,
+    estimates: Sequence[float] | None = None,
 ) -> list[Timing]:
     """Time several functions side by side: each round takes one sample of every function,
     so a drift of the machine's speed during the measurement affects all of them alike.
     Rounds go on until every function's spread is under the threshold, or the budget
-    (``budget_s`` per function) runs out."""
+    (``budget_s`` per function) runs out. ``estimates``: per-call times of functions
+    already warm (called and timed by the caller), which then need no warm-up of their own,
+    as ``blocked_autorange`` sizes its blocks from one call."""
     watch = stopwatch or ClockStopwatch(clock)
-    blocks = [block_size(warm_up(fn, config, watch, clock), config) for fn in fns]
+    if estimates is None:
+        estimates = [warm_up(fn, config, watch, clock) for fn in fns]
+    blocks = [block_size(estimate, config) for estimate in estimates]
     samples: list[list[float]] = [[] for _ in fns]
     budget = config.budget_s * len(fns)
     started = clock()

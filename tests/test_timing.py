@@ -122,6 +122,16 @@ def test_interleaved_functions_take_one_sample_each_per_round() -> None:
     assert not fast_t.noisy and not slow_t.noisy
 
 
+def test_functions_already_warm_are_sized_from_their_estimates_without_warm_up() -> None:
+    """The checked calls of the timing phase are the warm-up: no call is spent on another."""
+    clock = FakeClock(itertools.repeat(0.001))
+    config = TimingConfig(warmup_s=0.05, min_block_s=0.01, min_samples=7)
+    watch = ClockStopwatch(clock, "fake")
+    (timing,) = measure_interleaved([clock.work], config, watch, clock, estimates=[0.001])
+    assert timing.block == 10 and timing.count == 7
+    assert clock.calls == 7 * 10  # the samples only (50 more warm-up calls without estimates)
+
+
 def test_interleaving_goes_on_until_every_function_is_stable() -> None:
     clock = FakeClock(itertools.repeat(0.0))
     noisy = itertools.cycle([0.001, 0.002])
