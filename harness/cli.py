@@ -5,26 +5,26 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness import storage
 from harness.axes import MODES
-from harness.case import Case, size_metadata
-from harness.config import RunConfig
-from harness.isolation import DEFAULT_TIMEOUT_S, Limits
-from harness.matrix import Selection, SelectionError
-from harness.model_case import ModelCheckError
 from harness.records import Cell
-from harness.registry import CaseContractError
-from harness.run import discover_cases, missing_cells, resume, run
 from harness.speed import ALPHA, MIN_RATIO
-from harness.summary import render_summary
 from harness.timing import TimingConfig
-from harness.versions import render_bisect
+
+if TYPE_CHECKING:
+    from harness.case import Case
+    from harness.config import RunConfig
+    from harness.matrix import Selection
+
+# The run machinery (``harness.run``, ``harness.config``, ``harness.case``, ...) imports torch,
+# which takes seconds: it is imported inside the commands that run cells (``list``, ``run``,
+# ``check``), never by ``report``, ``compare`` or ``bisect``, which only read results files.
 
 #: ``--flag`` -> the Selection field it fills.
 AXIS_FLAGS = {
@@ -76,6 +76,9 @@ def add_cases_dir(parser: argparse.ArgumentParser) -> None:
 def add_run_options(parser: argparse.ArgumentParser, axes: tuple[str, ...]) -> None:
     """The options ``run`` and ``check`` share: the selection flags of ``axes``, where the
     results go, workers, timing, limits."""
+    from harness.config import RunConfig
+    from harness.isolation import DEFAULT_TIMEOUT_S
+
     for axis in axes:
         parser.add_argument(
             f"--{axis}",
@@ -138,25 +141,57 @@ def add_run_options(parser: argparse.ArgumentParser, axes: tuple[str, ...]) -> N
     )
 
 
+class DeferredParser(argparse.ArgumentParser):
+    """A command's parser whose arguments are added when it is first used (to parse or to
+    print its help): ``run`` and ``check`` take their defaults from the run machinery, which
+    imports torch, and ``report``, ``compare`` and ``bisect`` must not wait for that."""
+
+    def __init__(
+        self, *args: Any, fill: Callable[[argparse.ArgumentParser], None] | None = None, **kw: Any
+    ) -> None:
+        super().__init__(*args, **kw)
+        self.fill = fill
+
+    def filled(self) -> None:
+        fill, self.fill = self.fill, None
+        if fill is not None:
+            fill(self)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self.filled()
+        return super().parse_known_args(args, namespace)
+
+    def format_usage(self) -> str:
+        self.filled()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self.filled()
+        return super().format_help()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ampmatrix", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=DeferredParser)
     list_parser = commands.add_parser("list", help="list cases, fixes, axes, upstream links")
     add_cases_dir(list_parser)
-    run_parser = commands.add_parser("run", help="run the matrix and write results")
-    add_cases_dir(run_parser)
-    add_run_options(run_parser, tuple(AXIS_FLAGS))
-    run_parser.add_argument(
+    commands.add_parser("run", help="run the matrix and write results", fill=fill_run_parser)
+    add_check_parser(commands)
+    add_report_parsers(commands)
+    add_bisect_parser(commands)
+    return parser
+
+
+def fill_run_parser(parser: argparse.ArgumentParser) -> None:
+    add_cases_dir(parser)
+    add_run_options(parser, tuple(AXIS_FLAGS))
+    parser.add_argument(
         "--resume",
         type=Path,
         metavar="RUN_DIR",
         help="finish a stopped run: only its missing cells run (selection flags not allowed)",
     )
-    add_report_dir(run_parser)
-    add_check_parser(commands)
-    add_report_parsers(commands)
-    add_bisect_parser(commands)
-    return parser
+    add_report_dir(parser)
 
 
 def add_report_dir(parser: argparse.ArgumentParser) -> None:
@@ -173,10 +208,14 @@ CHECK_AXES = ("device", "dtype", "mode", "backend", "compile")
 
 
 def add_check_parser(commands: Any) -> None:
-    check = commands.add_parser(
+    commands.add_parser(
         "check",
         help="run your own model through the matrix: MODULE:FACTORY returns (model, inputs)",
+        fill=fill_check_parser,
     )
+
+
+def fill_check_parser(check: argparse.ArgumentParser) -> None:
     check.add_argument("targets", nargs="+", metavar="MODULE:FACTORY")
     check.add_argument(
         "--keep-fp32",
@@ -193,6 +232,7 @@ def add_check_parser(commands: Any) -> None:
 def command_check(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """``run`` over the models the targets build: same pipeline, results and report."""
     from harness.model_case import target_name
+    from harness.run import run
 
     names = tuple(target_name(t) for t in args.targets)
     config = replace(
@@ -311,6 +351,8 @@ def describe_case(case: Case) -> list[str]:
 
 def size_lines(case: Case) -> list[str]:
     """Each declared size with its dimensions and, past the small one, its source."""
+    from harness.case import size_metadata
+
     lines = []
     for size in case.sizes:
         described = size_metadata(size)
@@ -322,6 +364,8 @@ def size_lines(case: Case) -> list[str]:
 
 
 def command_list(args: argparse.Namespace) -> int:
+    from harness.run import discover_cases
+
     for case in discover_cases(args.cases_dir):
         print("\n".join(describe_case(case)), end="\n\n")
     print("modes:")
@@ -333,6 +377,8 @@ def command_list(args: argparse.Namespace) -> int:
 def selection_from(args: argparse.Namespace) -> Selection:
     """The selection flags; one given with no name at all (``--case ""``) is refused rather
     than read as "every case"."""
+    from harness.matrix import Selection, SelectionError
+
     values = {}
     for flag, field in AXIS_FLAGS.items():
         given = getattr(args, flag, None)
@@ -343,6 +389,8 @@ def selection_from(args: argparse.Namespace) -> Selection:
 
 
 def command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from harness.run import run
+
     if args.resume:
         return command_resume(args)
     return show_run(run(config_from(args, argv)), args.report_dir)
@@ -350,6 +398,9 @@ def command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def config_from(args: argparse.Namespace, argv: Sequence[str]) -> RunConfig:
     """The run's one configuration, built once from the command line."""
+    from harness.config import RunConfig
+    from harness.isolation import Limits
+
     timing = TimingConfig(budget_s=args.time_budget, flush_l2=args.flush_l2)
     return RunConfig(
         selection=selection_from(args),
@@ -368,6 +419,9 @@ def config_from(args: argparse.Namespace, argv: Sequence[str]) -> RunConfig:
 
 
 def command_resume(args: argparse.Namespace) -> int:
+    from harness.matrix import SelectionError
+    from harness.run import resume
+
     chosen = [f"--{flag}" for flag in AXIS_FLAGS if getattr(args, flag)]
     if chosen or args.cases_dir:
         raise SelectionError(
@@ -387,6 +441,9 @@ MAX_MISSING_SHOWN = 20
 def show_run(run_dir: Path, report_dir: Path | None) -> int:
     """The summary of a finished run, its path, and its report when asked for. A run
     that left planned cells without a record names them and exits ``INCOMPLETE``."""
+    from harness.run import missing_cells
+    from harness.summary import render_summary
+
     records = storage.read_records(run_dir)
     print()
     print(render_summary(records))
@@ -501,7 +558,13 @@ def command_compare(args: argparse.Namespace) -> int:
     return 1 if regressions else 0
 
 
+class NoRecordChosen(ValueError):
+    """``bisect --case/--fix`` named what no record of the runs has."""
+
+
 def command_bisect(args: argparse.Namespace) -> int:
+    from harness.versions import render_bisect
+
     cases, fixes = split_values(args.case), split_values(args.fix)
     records = []
     for run_dir in args.run_dirs:
@@ -514,11 +577,28 @@ def command_bisect(args: argparse.Namespace) -> int:
         if (not cases or r.cell.case in cases) and (not fixes or r.cell.fix in fixes)
     ]
     if records and not chosen:
-        raise SelectionError(
+        raise NoRecordChosen(
             f"no records of case {cases or 'any'} / fix {fixes or 'any'} in these runs"
         )
     print(render_bisect(chosen))
     return 0
+
+
+#: The errors of the run machinery that end a command with one line, by module: a module
+#: that was not imported (it imports torch: ``report`` never imports it) raised none.
+RUN_ERRORS = (
+    ("harness.registry", "CaseContractError"),
+    ("harness.matrix", "SelectionError"),
+    ("harness.model_case", "ModelCheckError"),
+)
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """The errors that end a command with ``ampmatrix: error: ...`` and exit code 2."""
+    loaded = tuple(
+        getattr(sys.modules[module], name) for module, name in RUN_ERRORS if module in sys.modules
+    )
+    return (storage.ResultsError, NoRecordChosen, *loaded)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -536,7 +616,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "check":
             return command_check(args, argv)
         return command_run(args, argv)
-    except (CaseContractError, SelectionError, storage.ResultsError, ModelCheckError) as error:
+    except user_errors() as error:
         print(f"ampmatrix: error: {error}", file=sys.stderr)
         return 2
     except OSError as error:  # a folder that is a file, read-only, full: one line, no trace

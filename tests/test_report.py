@@ -483,3 +483,49 @@ def test_runs_read_in_parallel_give_the_same_frame(monkeypatch: pytest.MonkeyPat
     assert all(run.rows and not run.records for run in parallel)
     expected = aggregate.records_frame(aggregate.load_runs([OLD, NEW]))
     pd.testing.assert_frame_equal(aggregate.records_frame(parallel), expected)
+
+
+#: What reads results files: none of it may import torch (its import alone takes seconds,
+#: and a report is rendered where no torch is installed, from a CI artifact say).
+READ_SIDE = ("harness.storage", "harness.records", "harness.summary", "harness.speed",
+             "harness.versions", "harness.cli")  # fmt: skip
+
+NO_TORCH_SCRIPT = """
+import importlib, json, pkgutil, runpy, sys
+import harness.report
+report = (f"harness.report.{{m.name}}" for m in pkgutil.iter_modules(harness.report.__path__))
+names = [*{read_side!r}, *report]
+for name in names:
+    importlib.import_module(name)
+codes = []
+for argv in {commands!r}:
+    sys.argv = ["harness", *argv]
+    try:
+        runpy.run_module("harness", run_name="__main__", alter_sys=True)
+    except SystemExit as done:
+        codes.append(done.code)
+print(json.dumps({{"imported": names, "codes": codes,
+                   "torch": sorted(m for m in sys.modules if m.split(".")[0] == "torch")}}))
+"""
+
+
+def test_the_read_side_never_imports_torch(tmp_path: Path) -> None:
+    """``report``, ``compare`` and ``bisect`` as ``python -m harness`` runs them, after
+    importing every module of the read side: torch is never imported."""
+    out, markdown = tmp_path / "r.html", tmp_path / "summary.md"
+    commands = [
+        ["report", str(NEW), "--out", str(out), "--markdown", str(markdown)],
+        ["report", str(OLD), str(NEW), "--out", str(out), "--baseline", str(OLD)],
+        ["compare", str(OLD), str(NEW)],
+        ["bisect", str(OLD), str(NEW)],
+    ]
+    script = NO_TORCH_SCRIPT.format(read_side=READ_SIDE, commands=commands)
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout.splitlines()[-1])
+    assert "harness.report.render" in found["imported"]
+    assert found["codes"][:2] == [0, 0] and found["codes"][3] == 0, result.stderr
+    assert out.stat().st_size > 0 and markdown.stat().st_size > 0
+    assert found["torch"] == []
