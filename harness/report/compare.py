@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scipy.stats import mannwhitneyu
-
 from harness import storage
 from harness.records import Cell, CellRecord, Outcome, outcome_label
 from harness.report.aggregate import Run
@@ -73,6 +71,8 @@ def speed_change(
     ratio = head.perf.time_median_s / base.perf.time_median_s
     if 1 / min_ratio < ratio < min_ratio:
         return None
+    from scipy.stats import mannwhitneyu  # a second or so to import: only for a large change
+
     p_value = float(
         mannwhitneyu(
             base.perf.time_samples, head.perf.time_samples, alternative="two-sided"

@@ -1,15 +1,19 @@
-"""Plots for the report (matplotlib, Agg), returned as inline ``data:`` PNG URIs."""
+"""Plots for the report (matplotlib, Agg), returned as inline ``data:`` PNG URIs.
+
+matplotlib is imported when a plot is drawn (half a second): a report with no timed cell
+never imports it.
+"""
 
 from __future__ import annotations
 
 import base64
 import io
+from typing import TYPE_CHECKING
 
-import matplotlib
 import pandas as pd
-from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
-from matplotlib.ticker import ScalarFormatter
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 Colour = tuple[float, float, float]
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
@@ -35,6 +39,10 @@ def error_vs_time(case_frame: pd.DataFrame, passing_everywhere: set[str]) -> str
     points = points.drop_duplicates(["row", by, "median_s", "rel_err"])
     if points.empty:
         return None
+    import matplotlib
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import ScalarFormatter
+
     figure = Figure(figsize=(10, 4.2), layout="constrained")
     axes = figure.subplots()
     palette = matplotlib.colormaps["tab10"].colors  # type: ignore[attr-defined]
@@ -88,6 +96,8 @@ def _legends(
     title: str,
     passing_everywhere: set[str],
 ) -> None:
+    from matplotlib.lines import Line2D
+
     fix_handles = [
         Line2D(
             [],
