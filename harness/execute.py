@@ -737,46 +737,64 @@ def prepare_call(cell: Cell) -> tuple[Callable[[], Any], torch.device]:
 def same_output(first: Any, second: Any) -> bool:
     a, b = output_leaves(first), output_leaves(second)
     return a.keys() == b.keys() and all(
-        torch.allclose(a[k], b[k], rtol=0, atol=0, equal_nan=True) for k in a
+        torch.equal(a[k], b[k]) or torch.allclose(a[k], b[k], rtol=0, atol=0, equal_nan=True)
+        for k in a
     )
 
 
 NOT_RERUNNABLE = "output changed between repeated calls: the timed work is not the checked work"
 
 
+class KeepingLast:
+    """The call, keeping its latest output: the timed calls' last output is compared with
+    the first call's, so no further call is spent on the check."""
+
+    def __init__(self, call: Callable[[], Any]) -> None:
+        self.call = call
+        self.last: Any = None
+
+    def __call__(self) -> None:
+        self.last = self.call()
+
+
 @dataclass(frozen=True)
 class TimedCall:
     record: CellRecord
-    call: Callable[[], Any]
+    call: KeepingLast
     device: torch.device
-    #: The per-call time of the second checked call: the call is warm, and this sizes the
-    #: blocks of its samples.
+    #: The first call's output, and its per-call time where it sizes the blocks.
+    first: Any
     estimate: float
 
 
-def checked_call(record: CellRecord, stopwatch: Stopwatch | None = None) -> TimedCall | CellRecord:
-    """The cell's call, after two calls that must agree (they are its warm-up; the second
-    is timed on ``stopwatch``); or its record with a note. A call that changes torch's
-    global settings has them put back after every call, so the fixes timed beside it run as
-    they would alone."""
+def checked_call(
+    record: CellRecord, stopwatch: Stopwatch, min_block_s: float
+) -> TimedCall | CellRecord:
+    """The cell's call after its first call (the warm-up, timed on ``stopwatch``; a call
+    quicker than a block is timed once more, warm, to size the blocks); or its record with
+    why it cannot be timed. A call that changes torch's global settings has them put back
+    after every call, so the fixes timed beside it run as they would alone."""
     changed: list[str] = []
     try:
         with torch_state.kept(changed):
             call, device = prepare_call(record.cell)
-            outputs = [call()]
-            watch = stopwatch or stopwatch_for(device)
-            estimate = watch.time_block(lambda: outputs.append(call()), 1)
-            same = same_output(*outputs)
+            keeping = KeepingLast(call)
+            estimate = stopwatch.time_block(keeping, 1)
+            first = keeping.last
+            if estimate < min_block_s:
+                estimate = stopwatch.time_block(keeping, 1)
     except Exception as error:
         failure = f"{type(error).__name__}: {error_text(error)}"
         return replace(record, timing_error=failure[:MAX_MESSAGE])
-    notes = (None if same else NOT_RERUNNABLE, restored_note(changed, record.note))
-    return TimedCall(
-        replace(record, note=join_notes(record.note, *notes)),
-        restoring(call) if changed else call,
-        device,
-        estimate,
-    )
+    if changed:
+        keeping = KeepingLast(restoring(call))
+    note = join_notes(record.note, restored_note(changed, record.note))
+    return TimedCall(replace(record, note=note), keeping, device, first, estimate)
+
+
+def rerun_note(timed: TimedCall) -> str | None:
+    """After the timed calls: whether they computed what the first call did."""
+    return None if same_output(timed.first, timed.call.last) else NOT_RERUNNABLE
 
 
 def restored_note(changed: list[str], note: str | None) -> str | None:
@@ -809,7 +827,7 @@ def time_column(
     """Time cells that will be compared (one case, device, dtype and mode) side by side,
     then add FLOPs, throughput and memory to each record."""
     stopwatch = stopwatch_for(torch.device(records[0].cell.device), config.flush_l2)
-    checked = [checked_call(r, stopwatch) for r in records]
+    checked = [checked_call(r, stopwatch, config.min_block_s) for r in records]
     calls = [c for c in checked if isinstance(c, TimedCall)]
     if not calls:
         return [c for c in checked if isinstance(c, CellRecord)]
@@ -819,6 +837,7 @@ def time_column(
     timed = iter(
         replace(
             c.record,
+            note=join_notes(c.record.note, rerun_note(c)),
             perf=replace(
                 perf_figures(c.call, c.device, c.record.cell.dtype, timing), timing_worker=worker
             ),

@@ -33,6 +33,10 @@ class TimingConfig:
     #: One sample is a block of calls lasting at least this long.
     min_block_s: float = 0.01
     min_samples: int = 7
+    #: Timed calls per function at the least (budget allowing): a cell spends two or three
+    #: untimed calls (its warm-up, its FLOP and memory count), and 16 timed ones keep them
+    #: under a tenth of the calls.
+    min_calls: int = 16
     max_samples: int = 500
     #: Stop once IQR / median falls under this.
     iqr_threshold: float = 0.03
@@ -187,7 +191,13 @@ def measure_interleaved(
             mine.append(watch.time_block(fn, block) / block)
         if len(samples[0]) < config.min_samples:
             continue
-        if all(converged(s, config) for s in samples) or clock() - started >= budget:
+        if clock() - started >= budget:
+            break
+        if any(
+            len(s) * block < config.min_calls for s, block in zip(samples, blocks, strict=True)
+        ):
+            continue
+        if all(converged(s, config) for s in samples):
             break
         if plateau.reached(max(spread_of(s) for s in samples)):
             break

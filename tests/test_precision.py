@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from harness.precision import (
     output_leaves,
 )
 from harness.records import DRIFT, Cell, CellRecord, CrashKind, Outcome, outcome_label
+from harness.timing import ClockStopwatch
 from harness.trail import PythonWatch, watch_python
 from tests.conftest import CONTRACT_CASES, ROOT, only_run_dir, run_cases
 
@@ -171,8 +173,10 @@ def test_a_training_step_passes_leaf_by_leaf_and_is_rerunnable(
     assert record.outcome is Outcome.PASSES and not record.flags
     assert record.numerics is not None
     assert record.numerics.leaf in ("loss", "head_grad", "updated_head")
-    timed = execute.checked_call(record)
+    timed = execute.checked_call(record, ClockStopwatch(), min_block_s=0.01)
     assert isinstance(timed, execute.TimedCall) and timed.record.note is None
+    timed.call()  # a timed call: it computes what the first call did
+    assert execute.rerun_note(timed) is None
 
 
 def test_failures_show_the_real_error_and_the_case_frames(contract_registry: None) -> None:
@@ -245,3 +249,13 @@ def test_the_authoring_api_is_importable_from_harness() -> None:
     import harness
 
     assert harness.Case is Case and harness.Workload is Workload and callable(harness.register)
+
+
+def test_a_call_whose_output_changes_between_calls_is_noted(contract_registry: None) -> None:
+    record = run("toy-training-step", "as-dict", "bfloat16", "half")
+    calls = itertools.count()
+    keeping = execute.KeepingLast(lambda: torch.tensor(float(next(calls))))
+    keeping()
+    timed = execute.TimedCall(record, keeping, torch.device("cpu"), keeping.last, 0.0)
+    keeping()  # a timed call that computes something else: a counter, a growing cache
+    assert execute.rerun_note(timed) == execute.NOT_RERUNNABLE

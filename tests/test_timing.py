@@ -83,7 +83,7 @@ def test_sampling_stops_at_max_samples() -> None:
 
 def test_samples_are_per_call_times_of_each_block() -> None:
     clock = FakeClock(itertools.repeat(0.0004))
-    timing = run(clock, TimingConfig(warmup_s=0.0, min_block_s=0.002, min_samples=3))
+    timing = run(clock, TimingConfig(warmup_s=0.0, min_block_s=0.002, min_samples=3, min_calls=1))
     assert timing.block == 5
     assert all(s == pytest.approx(0.0004) for s in timing.samples)
 
@@ -114,7 +114,9 @@ def test_interleaved_functions_take_one_sample_each_per_round() -> None:
         clock.now += 0.003
         order.append("slow")
 
-    config = TimingConfig(warmup_s=0.0, min_warmup_calls=1, min_block_s=0.0, min_samples=3)
+    config = TimingConfig(
+        warmup_s=0.0, min_warmup_calls=1, min_block_s=0.0, min_samples=3, min_calls=1
+    )
     fast_t, slow_t = measure_interleaved([fast, slow], config, ClockStopwatch(clock), clock)
     assert order == ["fast", "slow"] + ["fast", "slow"] * 3  # warm-up, then 3 rounds
     assert (fast_t.median, slow_t.median) == pytest.approx((0.001, 0.003))
@@ -130,6 +132,20 @@ def test_functions_already_warm_are_sized_from_their_estimates_without_warm_up()
     (timing,) = measure_interleaved([clock.work], config, watch, clock, estimates=[0.001])
     assert timing.block == 10 and timing.count == 7
     assert clock.calls == 7 * 10  # the samples only (50 more warm-up calls without estimates)
+
+
+def test_a_slow_call_is_timed_at_least_min_calls_times_budget_allowing() -> None:
+    """Seven samples of one call each would leave the cell's untimed calls (warm-up, FLOP
+    and memory count) a quarter of its time: sampling goes on to ``min_calls``."""
+    config = TimingConfig(min_block_s=0.01, min_samples=7, min_calls=16, budget_s=10.0)
+    clock = FakeClock(itertools.repeat(0.02))
+    watch = ClockStopwatch(clock, "fake")
+    (timing,) = measure_interleaved([clock.work], config, watch, clock, estimates=[0.02])
+    assert timing.block == 1 and timing.count == 16 and not timing.noisy
+    short = replace(config, budget_s=0.21)  # the budget still ends it
+    clock = FakeClock(itertools.repeat(0.02))
+    (timing,) = measure_interleaved([clock.work], short, watch, clock, estimates=[0.02])
+    assert timing.count == 11  # the round that passes 0.21 s is the last
 
 
 def test_interleaving_goes_on_until_every_function_is_stable() -> None:
@@ -156,7 +172,7 @@ def test_a_spread_that_stops_shrinking_ends_sampling_early_as_noisy() -> None:
     has not shrunk for ``plateau_rounds`` rounds instead of spending the whole budget."""
     config = TimingConfig(
         warmup_s=0.0, min_warmup_calls=1, min_block_s=0.0, min_samples=5, budget_s=100.0,
-        max_samples=500, plateau_rounds=10,
+        max_samples=500, plateau_rounds=10, min_calls=1,
     )  # fmt: skip
     clock = FakeClock(itertools.cycle([0.001, 0.003]))
     timing = run(clock, config)
