@@ -299,6 +299,45 @@ def _child(
     conn.close()
 
 
+Column = list[CellRecord]
+
+
+def time_columns_isolated(
+    columns: list[Column], config: TimingConfig, worker: str, limits: Limits, threads: int
+) -> Generator[list[CellRecord], None, None]:
+    """Time columns of one case in order, all in one forked child, each column's records
+    coming back as it ends: the child's start (fork, thread pool, the profiler's first use,
+    a CUDA context) is paid once, not per column. A column that kills the child or overruns
+    is timed again in a child of its own (``time_column_isolated``), and so is every column
+    after it."""
+    settle_worker()
+    perf.warm_up()
+    stream = ForkedStream(
+        lambda send: time_columns_in_child(columns, config, worker, send),
+        threads,
+        limits.memory_bytes,
+        whose="the timing process",
+    )
+    with stream:
+        for n, column in enumerate(columns):
+            got = stream.next(limits.timeout_s * len(column))
+            if got.failure is None:
+                timed = [CellRecord.from_dict(data) for data in got.value]
+                remember_peaks(timed)
+                yield timed
+                continue
+            for rest in columns[n:]:
+                yield time_column_isolated(rest, config, worker, limits, threads)
+            return
+
+
+def time_columns_in_child(
+    columns: list[Column], config: TimingConfig, worker: str, send: Callable[[Any], None]
+) -> None:
+    for column in columns:
+        send([r.to_dict() for r in execute.time_column(column, config, worker)])
+
+
 def time_column_isolated(
     records: list[CellRecord], config: TimingConfig, worker: str, limits: Limits, threads: int
 ) -> list[CellRecord]:

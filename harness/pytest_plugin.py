@@ -27,7 +27,7 @@ from harness.isolation import (
     Limits,
     remember_worker_state,
     run_cells_isolated,
-    time_column_isolated,
+    time_columns_isolated,
 )
 from harness.records import Cell, CellRecord, CrashKind, Outcome, outcome_label
 from harness.summary import failure_line
@@ -78,17 +78,21 @@ class PlanFile(pytest.File):
                 cells_item.add_marker(pytest.mark.xdist_group(cells[0].device))
             yield cells_item
         timing = config.timing or TimingConfig()
-        for name, column in plan.get("columns", {}).items():
-            records = [CellRecord.from_dict(data) for data in column]
+        for batch in plan.get("timing_batches", []):
+            columns = {
+                name: [CellRecord.from_dict(data) for data in column]
+                for name, column in batch.items()
+            }
+            first = next(iter(columns.values()))[0].cell
             item = TimingItem.from_parent(
                 self,
-                name=name,
-                records=records,
+                name=timing_batch_name(list(columns)),
+                columns=columns,
                 run_dir=run_dir,
                 timing=timing,
-                limits=limits_for(records[0].cell, limits),
+                limits=limits_for(first, limits),
             )
-            item.add_marker(pytest.mark.xdist_group(records[0].cell.device))
+            item.add_marker(pytest.mark.xdist_group(first.device))
             yield item
 
 
@@ -101,7 +105,12 @@ def limits_for(cell: Cell, limits: Limits) -> Limits:
 
 def batch_name(cells: list[Cell]) -> str:
     """An item's name: its cell's id, or the first cell's id and how many follow."""
-    return cells[0].id if len(cells) == 1 else f"{cells[0].id} +{len(cells) - 1}"
+    return timing_batch_name([cell.id for cell in cells])
+
+
+def timing_batch_name(names: list[str]) -> str:
+    """The first name, and how many follow."""
+    return names[0] if len(names) == 1 else f"{names[0]} +{len(names) - 1}"
 
 
 class CellsItem(pytest.Item):
@@ -143,36 +152,49 @@ class CellsItem(pytest.Item):
 
 
 class TimingItem(pytest.Item):
-    """Times the cells of one column (case, device, dtype, mode) side by side; each full
-    record is appended again, now with its figures."""
+    """Times columns of one case (each: the cells of one case, device, dtype and mode, side
+    by side), all in one forked process; each full record is appended again as its column
+    ends, now with its figures."""
 
     def __init__(
         self,
         *,
-        records: list[CellRecord],
+        columns: dict[str, list[CellRecord]],
         run_dir: Path,
         timing: TimingConfig,
         limits: Limits,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.records = records
+        self.columns = columns
         self.run_dir = run_dir
         self.timing = timing
         self.limits = limits
 
     def runtest(self) -> None:
+        labels = []
+        for name, timed in zip(self.columns, self.timed(), strict=True):
+            for record in timed:
+                append_or_stop(self, record)
+            fixes = [f"\n    {r.cell.fix} [{r.cell.backend}]: {timing_label(r)}" for r in timed]
+            labels.append((name, "timed" + "".join(fixes)))
+        self.user_properties.append((OUTCOME_KEY, labels))
+
+    def timed(self) -> Iterator[list[CellRecord]]:
+        """Each column's records as it ends; where the harness itself failed, the columns
+        left keep their correctness records, with why timing failed."""
         threads = int(os.environ.get("AMPMATRIX_THREADS", "1"))
         worker = worker_id(self.config)
+        columns = list(self.columns.values())
+        done = 0
         try:
-            timed = time_column_isolated(self.records, self.timing, worker, self.limits, threads)
+            for timed in time_columns_isolated(columns, self.timing, worker, self.limits, threads):
+                done += 1
+                yield timed
         except Exception as error:  # keep each correctness record, say why timing failed
             failure = f"{type(error).__name__}: {error}"[: execute.MAX_MESSAGE]
-            timed = [replace(r, timing_error=failure) for r in self.records]
-        for record in timed:
-            append_or_stop(self, record)
-        labels = [f"\n    {r.cell.fix} [{r.cell.backend}]: {timing_label(r)}" for r in timed]
-        self.user_properties.append((OUTCOME_KEY, "timed" + "".join(labels)))
+            for column in columns[done:]:
+                yield [replace(r, timing_error=failure) for r in column]
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, None, self.name
@@ -322,11 +344,22 @@ def crashed_cell(run_dir: Path, cells: list[Cell], message: str, worker: str) ->
     ]
 
 
-def timing_crashes(columns: dict[str, list[CellRecord]]) -> dict[str, CrashRecords]:
-    """Timing phase: a crash keeps each cell's measured record and adds a note."""
-    return {name: partial(noted_timing_crash, records) for name, records in columns.items()}
+def timing_crashes(
+    run_dir: Path, batches: list[dict[str, list[CellRecord]]]
+) -> dict[str, CrashRecords]:
+    """Timing phase: a crash keeps each cell's measured record, and notes it on the cells of
+    the item that had no figures yet."""
+    return {
+        timing_batch_name(list(batch)): partial(
+            noted_timing_crash, run_dir, [r for column in batch.values() for r in column]
+        )
+        for batch in batches
+    }
 
 
-def noted_timing_crash(records: list[CellRecord], message: str, worker: str) -> list[CellRecord]:
+def noted_timing_crash(
+    run_dir: Path, records: list[CellRecord], message: str, worker: str
+) -> list[CellRecord]:
+    timed = {r.cell for r in storage.read_records(run_dir, problems=[]) if r.perf}
     failure = f"the timing worker {worker} died: {message}"[: execute.MAX_MESSAGE]
-    return [replace(r, timing_error=failure) for r in records]
+    return [replace(r, timing_error=failure) for r in records if r.cell not in timed]

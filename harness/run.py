@@ -285,6 +285,7 @@ def time_cells(
 
 def time_columns(run_dir: Path, records: list[CellRecord]) -> int:
     columns = timing_columns(records)
+    batches = timing_batches(columns)
     print(
         f"ampmatrix: timing {len(records)} cells in {len(columns)} groups, one worker per device",
         flush=True,
@@ -292,13 +293,24 @@ def time_columns(run_dir: Path, records: list[CellRecord]) -> int:
     plan_path = write_plan(
         run_dir,
         storage.TIMING_PLAN_FILE,
-        columns={name: [r.to_dict() for r in rs] for name, rs in columns.items()},
+        timing_batches=[
+            {name: [r.to_dict() for r in column] for name, column in batch.items()}
+            for batch in batches
+        ],
     )
     devices = {r.cell.device for r in records}
-    controller = Controller(run_dir, timing_crashes(columns))
+    controller = Controller(run_dir, timing_crashes(run_dir, batches), units=len(columns))
     threads = (os.cpu_count() or 1) if devices == {"cpu"} else threads_per_worker(len(devices))
-    args = pytest_args(plan_path, timing_workers(devices), grouped=True, items=len(columns))
+    args = pytest_args(plan_path, timing_workers(devices), grouped=True, items=len(batches))
     return run_pytest(args, controller, threads)
+
+
+def timing_batches(columns: dict[str, list[CellRecord]]) -> list[dict[str, list[CellRecord]]]:
+    """The columns of one case on one device, timed in one forked process."""
+    batches: dict[tuple[str, str, str], dict[str, list[CellRecord]]] = {}
+    for name, column in columns.items():
+        batches.setdefault(batch_key(column[0].cell), {})[name] = column
+    return list(batches.values())
 
 
 def timing_workers(devices: set[str]) -> int:

@@ -239,7 +239,9 @@ ENV_FIELDS: dict[str, Any] = {
     **dict.fromkeys(("gpus", "resumed"), list),
     "load_average": list[float],
     **dict.fromkeys(
-        ("packages", "flags", "timing", "config", "peak_gflops", "peak_measured_at"), dict
+        ("packages", "flags", "timing", "timing_phase", "config", "peak_gflops",
+         "peak_measured_at"),
+        dict,
     ),
     "command": list[str],
 }  # fmt: skip

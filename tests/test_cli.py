@@ -73,8 +73,11 @@ def test_cells_that_ran_are_timed_serially_on_the_cpu(tmp_path: Path) -> None:
     # one correctness line, then one timed line per timed cell: a log, folded on reading
     lines = storage.read_record_lines(run_dir)
     assert len(lines) == len(records) + len(timed)
-    # one timing worker: the CPU is timed serially
-    assert {r.perf.timing_worker for r in timed if r.perf} == {"gw0"}
+    # one device: the CPU is timed serially, from the run's own process (no worker)
+    assert {r.perf.timing_worker for r in timed if r.perf} == {"main"}
+    phase = storage.read_env(run_dir)["timing_phase"]
+    assert phase["cells"] == len(timed) and 0 < phase["measured_s"] < phase["wall_s"]
+    assert f"ampmatrix: timed {len(timed)} cells in" in result.stdout
     env = storage.read_env(run_dir)
     assert set(env["peak_gflops"]["cpu"]) == {"float16", "bfloat16", "float32"}
     assert "time per call" in result.stdout

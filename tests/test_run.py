@@ -210,3 +210,16 @@ def test_a_child_that_fails_in_python_says_why(work: Callable[[], None], cause: 
 
 def test_a_child_value_comes_back() -> None:
     assert isolation.run_forked(lambda: {"a": 1}, timeout_s=30, threads=1).value == {"a": 1}
+
+
+def test_the_columns_of_one_case_and_device_are_timed_in_one_process() -> None:
+    records = [
+        replace(ran(fix, device), cell=replace(ran(fix, device).cell, dtype=dtype))
+        for fix in ("none", "cast")
+        for device in ("cpu", "cuda:0")
+        for dtype in ("float16", "bfloat16")
+    ]
+    batches = run.timing_batches(run.timing_columns(records))
+    assert [len(batch) for batch in batches] == [2, 2]  # two dtypes' columns per device
+    assert {next(iter(b.values()))[0].cell.device for b in batches} == {"cpu", "cuda:0"}
+    assert all(len(column) == 2 for b in batches for column in b.values())  # both fixes
