@@ -12,12 +12,14 @@ shown as a fraction of what the device can do.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
 import torch
+from torch._C._autograd import DeviceType
 from torch.utils.flop_counter import FlopCounterMode
 
 from harness import peaks
@@ -175,10 +177,65 @@ def square_gemm(n: int, device: torch.device, dtype: torch.dtype) -> Callable[[]
 
 
 def perf_figures(fn: Callable[[], Any], device: torch.device, dtype: str, timing: Timing) -> Perf:
-    """The timing of ``fn`` with its FLOPs, throughput and peak memory on ``device``."""
+    """The timing of ``fn`` with its FLOPs, throughput and peak memory on ``device``, and on
+    CUDA the time its kernels kept the device busy."""
     flops, memory, memory_method = flops_and_memory(fn, device)
     peak, measured_at = peak_matmul_gflops(str(device), dtype)
-    return perf_record(timing, flops, memory, memory_method, peak, measured_at)
+    record = perf_record(timing, flops, memory, memory_method, peak, measured_at)
+    if device.type != "cuda":
+        return record
+    calls = device_time_calls(timing)
+    return replace(record, device_time_s=device_seconds(fn, calls), device_time_calls=calls)
+
+
+#: Calls whose kernels are profiled for the device time: about DEVICE_TIME_BUDGET_S of
+#: them, within these bounds (the profiler keeps an event per kernel).
+DEVICE_TIME_CALLS = (3, 100)
+DEVICE_TIME_BUDGET_S = 0.05
+
+
+def device_time_calls(timing: Timing) -> int:
+    fewest, most = DEVICE_TIME_CALLS
+    wanted = round(DEVICE_TIME_BUDGET_S / timing.median) if timing.median > 0 else most
+    return min(most, max(fewest, wanted))
+
+
+def device_seconds(fn: Callable[[], Any], calls: int) -> float | None:
+    """Per call, the time the device was busy with ``fn``'s kernels and copies (the union
+    of their intervals, from the profiler's CUDA activity), without the host's launch gaps:
+    None where the profiler saw no device activity."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with stderr_silenced(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    busy = busy_ns(device_spans(prof.profiler.kineto_results.events()))
+    return busy / calls / 1e9 if busy else None
+
+
+def device_spans(events: Iterable[Any]) -> list[tuple[int, int]]:
+    """``(start, end)`` in ns of the profiler events that ran on a CUDA device."""
+    return [
+        (event.start_ns(), event.start_ns() + event.duration_ns())
+        for event in events
+        if event.device_type() == DeviceType.CUDA
+    ]
+
+
+def busy_ns(spans: Iterable[tuple[int, int]]) -> int:
+    """The length of the union of ``(start, end)`` intervals: kernels on several streams
+    that overlap count once."""
+    total, reach = 0, None
+    for start, end in sorted(spans):
+        if reach is None or start > reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total
 
 
 def perf_record(

@@ -171,6 +171,11 @@ class Numerics:
     factor: float | None = None
 
 
+#: A cell whose timed median exceeds its device time by more than this factor is
+#: launch-bound.
+LAUNCH_BOUND = 2.0
+
+
 @dataclass(frozen=True)
 class Perf:
     """Speed, throughput and memory of a cell that ran (see ``harness.perf``)."""
@@ -193,6 +198,29 @@ class Perf:
     timing_worker: str | None = None
     #: When this machine's peak GEMM figure was measured (it is cached and reused).
     peak_measured_at: str | None = None
+    #: On CUDA, per call, the time the device was busy with the call's kernels (from the
+    #: profiler, over ``device_time_calls`` calls): the time without the host's launches.
+    device_time_s: float | None = None
+    device_time_calls: int | None = None
+
+    @property
+    def launch_bound(self) -> bool:
+        """The timed figure is more than LAUNCH_BOUND times the device's: the host's Python
+        and kernel launches set it, not the kernels."""
+        device = self.device_time_s
+        return device is not None and self.time_median_s > LAUNCH_BOUND * device
+
+    @property
+    def speed_s(self) -> float:
+        """The figure speed is judged by: the device time where the cell is launch-bound
+        (comparing wall times there compares the fixes' Python), else the timed median."""
+        if self.launch_bound and self.device_time_s is not None:
+            return self.device_time_s
+        return self.time_median_s
+
+    @property
+    def speed_clock(self) -> str:
+        return "device time (launch-bound)" if self.launch_bound else "wall time"
 
 
 #: Sub-records flattened into the record's JSON object, and the field that says one is there.

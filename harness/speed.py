@@ -39,7 +39,9 @@ def column_key(record: CellRecord) -> tuple[str, Column]:
 
 
 def median_of(record: CellRecord) -> float | None:
-    return record.perf.time_median_s if record.perf else None
+    """The figure a cell's speed is judged by: its timed median, or on CUDA where the cell
+    is launch-bound, its device time (``Perf.speed_s``)."""
+    return record.perf.speed_s if record.perf else None
 
 
 #: A control's key: case, workload size, torch version, device, backend.
@@ -105,9 +107,14 @@ def speed_ratios(records: Sequence[CellRecord]) -> dict[RecordKey, SpeedRatios]:
 
 
 def interquartile_range(record: CellRecord) -> tuple[float, float]:
-    assert record.perf is not None
-    q1, _, q3 = quartiles(record.perf.time_samples)
-    return q1, q3
+    """The quartiles of the timed samples, on the scale of ``median_of``: a launch-bound
+    cell's device time is one figure over many calls, so its spread is taken to be the
+    timed samples' relative spread."""
+    perf = record.perf
+    assert perf is not None
+    q1, _, q3 = quartiles(perf.time_samples)
+    scale = perf.speed_s / perf.time_median_s if perf.launch_bound else 1.0
+    return q1 * scale, q3 * scale
 
 
 def significantly_faster(a: CellRecord, b: CellRecord) -> bool:

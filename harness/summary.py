@@ -76,13 +76,15 @@ def skipped_lines(records: Iterable[CellRecord]) -> list[str]:
 
 def speed_text(ratios: dict[RecordKey, SpeedRatios]) -> CellText:
     """``1.23ms c0.91 f1.00~``: median per call, ratio to the fp32 control (c) and to the
-    fastest passing fix of the column (f); ``~`` marks a noisy timing."""
+    fastest passing fix of the column (f); ``~`` marks a noisy timing, ``(device)`` a
+    launch-bound CUDA cell judged by its kernels' device time."""
 
     def text(record: CellRecord) -> str | None:
         if record.perf is None:
             return None
         ratio = ratios.get(record_key(record), SpeedRatios(None, None))
-        parts = [f"{record.perf.time_median_s * 1e3:#.3g}ms"]
+        device = "(device)" if record.perf.launch_bound else ""
+        parts = [f"{record.perf.speed_s * 1e3:#.3g}ms{device}"]
         parts += [
             f"{tag}{value:.2f}"
             for tag, value in (("c", ratio.vs_control), ("f", ratio.vs_fastest))

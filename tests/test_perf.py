@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -11,7 +12,13 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from harness import perf
 from harness.records import Cell, CellRecord, Outcome, Perf
-from harness.speed import rank_with_ties, record_key, speed_ratios
+from harness.speed import (
+    interquartile_range,
+    median_of,
+    rank_with_ties,
+    record_key,
+    speed_ratios,
+)
 from harness.timing import Timing
 from tests.conftest import ROOT
 
@@ -187,3 +194,54 @@ def test_a_timing_worker_still_forks_children_that_use_cuda() -> None:
         [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert result.stdout.strip().splitlines()[-1] == "2.0 None", result.stderr
+
+
+class FakeEvent:
+    def __init__(self, start: int, duration: int, on_cuda: bool = True) -> None:
+        self.start, self.duration = start, duration
+        self.kind = perf.DeviceType.CUDA if on_cuda else perf.DeviceType.CPU
+
+    def start_ns(self) -> int:
+        return self.start
+
+    def duration_ns(self) -> int:
+        return self.duration
+
+    def device_type(self) -> object:
+        return self.kind
+
+
+def test_device_time_is_the_union_of_the_kernels_on_the_device() -> None:
+    events = [
+        FakeEvent(0, 10),
+        FakeEvent(5, 10),  # overlaps the first (another stream): counted once
+        FakeEvent(30, 5),
+        FakeEvent(0, 1000, on_cuda=False),  # the host's launch calls are not device time
+    ]
+    assert perf.busy_ns(perf.device_spans(events)) == 15 + 5
+    assert perf.busy_ns([]) == 0
+
+
+def test_device_time_profiles_about_50_ms_of_calls_within_bounds() -> None:
+    def timing(median: float) -> Timing:
+        return Timing((median,), 1, median, 0.0, median, False, "fake")
+
+    assert perf.device_time_calls(timing(9e-6)) == 100  # launch-bound sizes: 100 calls
+    assert perf.device_time_calls(timing(0.001)) == 50
+    assert perf.device_time_calls(timing(0.5)) == 3
+
+
+def test_a_launch_bound_cell_is_judged_by_its_device_time() -> None:
+    """9 us of kernels timed at 31 us (the host's launches): speed verdicts use the 9 us,
+    and the spread keeps its relative size; a cell within 2x keeps its timed median."""
+    wall = timed("lean", "half", "float16", [30e-6, 31e-6, 32e-6])
+    assert wall.perf is not None
+    bound = replace(wall, perf=replace(wall.perf, device_time_s=9e-6, device_time_calls=100))
+    assert bound.perf is not None and bound.perf.launch_bound
+    assert median_of(bound) == 9e-6 and bound.perf.speed_clock == "device time (launch-bound)"
+    low, high = interquartile_range(bound)
+    assert low == pytest.approx(9e-6 * 30.5 / 31) and high == pytest.approx(9e-6 * 31.5 / 31)
+    near = replace(wall, perf=replace(wall.perf, device_time_s=20e-6, device_time_calls=100))
+    assert near.perf is not None and not near.perf.launch_bound
+    assert median_of(near) == 31e-6 and near.perf.speed_clock == "wall time"
+    assert median_of(wall) == 31e-6  # no device time (the CPU): the timed median

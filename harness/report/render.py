@@ -201,12 +201,14 @@ def variant_stats(case_frame: pd.DataFrame, by: list[str]) -> list[dict[str, Any
     columns = [column for column, _ in NUMBERS]
     frame = grouping.filled(case_frame, by).assign(
         noisy=case_frame["noisy"].eq(True),
+        launch_bound=case_frame["launch_bound"].eq(True),
         **{c: pd.to_numeric(case_frame[c], errors="coerce") for c in columns},
     )
     stats = frame.groupby(by, sort=False, dropna=False).agg(
         envs=("env", "unique"),
         cells=("env", "size"),
         noisy=("noisy", "any"),
+        launch_bound=("launch_bound", "any"),
         **{f"{c} {how}": (c, how) for c in columns for how in ("median", "min", "max")},
     )
     return [
@@ -235,6 +237,7 @@ def variant_row(found: dict[str, Any], where: EnvironmentSet, show_size: bool) -
         "attn_dtype": text_or_none(found["attn_dtype"]),
         **numbers,
         "noisy": bool(found["noisy"]),
+        "launch_bound": bool(found["launch_bound"]),
     }
 
 
