@@ -18,11 +18,29 @@ pytest_plugins = ["pytester"]
 # Peaks measured by the tests' runs go to a cache of their own, not the user's.
 os.environ.setdefault("AMPMATRIX_CACHE_DIR", tempfile.mkdtemp(prefix="ampmatrix-test-cache-"))
 
+ROOT = Path(__file__).resolve().parent.parent
+# The processes the tests start (``python -m harness``, pytester's pytest) import the
+# project from this checkout, whether or not ampmatrix is installed in the interpreter.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
+)
+
 FIXTURES = Path(__file__).parent / "fixtures"
 TOY_CASES = FIXTURES / "cases"
 BROKEN_CASES = FIXTURES / "broken_cases"
 CONTRACT_CASES = FIXTURES / "contract_cases"
-ROOT = Path(__file__).resolve().parent.parent
+
+
+def plugin_installed() -> bool:
+    """Whether ampmatrix's pytest11 entry point loads the plugin in a new pytest."""
+    from importlib.metadata import entry_points
+
+    return any(ep.value == "harness.plugin" for ep in entry_points(group="pytest11"))
+
+
+#: What a pytest started by a test needs to load the plugin: nothing where ampmatrix is
+#: installed (its entry point does), else the plugin by name (loading it twice would fail).
+PLUGIN_ARGS: tuple[str, ...] = () if plugin_installed() else ("-p", "harness.plugin")
 
 
 def harness(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

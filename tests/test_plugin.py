@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness import storage
-from tests.conftest import harness
+from tests.conftest import PLUGIN_ARGS, harness
 
 PROMOTING = '''
 import torch
@@ -44,7 +44,7 @@ def test_a_promoting_model_fails_naming_the_parameter_that_promoted(
     pytester: pytest.Pytester,
 ) -> None:
     pytester.makepyfile(test_promote=PROMOTING)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess(*PLUGIN_ARGS, "-p", "no:cacheprovider")
     # half: two dtypes fail; autocast (two dtypes) and the float32 control pass
     assert outcomes_of(result) == {"failed": 2, "passed": 3}
     result.stdout.fnmatch_lines(
@@ -55,7 +55,10 @@ def test_a_promoting_model_fails_naming_the_parameter_that_promoted(
             "fails at aten::addmm*in proj*",
         ]
     )
-    assert "test_scaled[float32-fp32] PASSED" in pytester.runpytest_subprocess("-v").stdout.str()
+    assert (
+        "test_scaled[float32-fp32] PASSED"
+        in pytester.runpytest_subprocess(*PLUGIN_ARGS, "-v").stdout.str()
+    )
 
 
 def test_an_accepted_failure_is_an_xfail_and_fails_when_it_changes(
@@ -66,7 +69,7 @@ def test_an_accepted_failure_is_an_xfail_and_fails_when_it_changes(
         'keep_fp32=("gain",), expect={"float16/half": "raises", "bfloat16/autocast": "raises"})',
     )
     pytester.makepyfile(test_accepted=accepted)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rxf")
+    result = pytester.runpytest_subprocess(*PLUGIN_ARGS, "-p", "no:cacheprovider", "-rxf")
     assert outcomes_of(result) == {"failed": 2, "passed": 2, "xfailed": 1}
     result.stdout.fnmatch_lines(
         [
@@ -81,7 +84,7 @@ def test_results_folder_renders_as_a_report(pytester: pytest.Pytester, tmp_path:
     pytester.makepyfile(test_promote=PROMOTING)
     run = tmp_path / "run"
     pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "-n", "2", f"--ampmatrix-results={run}"
+        *PLUGIN_ARGS, "-p", "no:cacheprovider", "-n", "2", f"--ampmatrix-results={run}"
     )
     lines = (run / "cells.jsonl").read_text().splitlines()
     assert len(lines) == 5 and {json.loads(line)["case"] for line in lines} == {"test-scaled"}
@@ -105,7 +108,7 @@ def test_wrong():
     return torch.nn.Linear(4, 4)
 """
     )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess(*PLUGIN_ARGS, "-p", "no:cacheprovider")
     result.stdout.fnmatch_lines(["*test-wrong returned Linear; expected (model, inputs)*"])
 
 
@@ -118,7 +121,9 @@ def test_plain():
     assert "torch" not in sys.modules
 """
     )
-    assert outcomes_of(pytester.runpytest_subprocess("-p", "no:cacheprovider")) == {"passed": 1}
+    assert outcomes_of(pytester.runpytest_subprocess(*PLUGIN_ARGS, "-p", "no:cacheprovider")) == {
+        "passed": 1
+    }
 
 
 def check(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -184,7 +189,7 @@ def test_per_backend(ctx):
     return torch.nn.Linear(8, 8), {"input": torch.randn(2, 8)}
 """
     )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess(*PLUGIN_ARGS, "-p", "no:cacheprovider")
     assert outcomes_of(result) == {"passed": 6}
 
 
