@@ -3,7 +3,8 @@
 1. the harness's median for a fixed SDPA call against
    ``torch.utils.benchmark.Timer.blocked_autorange`` on the same call (ratio);
 2. the harness's overhead per timed cell beyond the measured time;
-3. wall time of the default matrix with and without the timing phase;
+3. wall time of the default matrix with and without the timing phase, and the share of
+   the timing phase spent inside measured calls (target: at least 85%);
 4. repeatability of fix rankings over three timed runs of the default matrix (ties within
    noise allowed and reported as ties);
 5. the cost of the dtype tracer: the default matrix's correctness phase with and without it
@@ -82,6 +83,27 @@ def run_matrix(out: Path, *extra: str) -> tuple[Path, float]:
     elapsed = time.perf_counter() - started
     run_dirs = sorted(out.iterdir(), key=lambda p: p.stat().st_mtime)
     return run_dirs[-1], elapsed
+
+
+#: The share of the timing phase's wall time it must spend inside measured calls.
+MEASURED_SHARE_TARGET = 0.85
+
+
+def timing_phase_share(run_dirs: Sequence[Path]) -> None:
+    """What each timed run's timing phase spent inside measured calls (its env.json)."""
+    shares = []
+    for run_dir in run_dirs:
+        phase = storage.read_env(run_dir)["timing_phase"]
+        shares.append(phase["measured_s"] / phase["wall_s"])
+        print(
+            f"   timing phase of {run_dir.name}: {phase['cells']} cells, {phase['wall_s']:.1f} s,"
+            f" {phase['measured_s']:.1f} s in measured calls ({shares[-1]:.0%})"
+        )
+    verdict = "PASS" if min(shares) >= MEASURED_SHARE_TARGET else "MISS"
+    print(
+        f"   share in measured calls: lowest {min(shares):.0%} "
+        f"(target >= {MEASURED_SHARE_TARGET:.0%}) {verdict}\n"
+    )
 
 
 def overhead_per_cell(run_dir: Path) -> None:
@@ -214,8 +236,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         overhead_per_cell(timed_runs[0][0])
         walls = ", ".join(f"{s:.1f} s" for _, s in timed_runs)
         print(
-            f"3. default matrix wall time: without timing {untimed_s:.1f} s; with timing {walls}\n"
+            f"3. default matrix wall time: without timing {untimed_s:.1f} s; with timing {walls}"
         )
+        timing_phase_share([d for d, _ in timed_runs])
         ranking_repeatability([d for d, _ in timed_runs])
         tracer_cost(Path(tmp), args.rounds)
     return 0

@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import diffusers
 import torch
 from transformers import (
     BartConfig,
@@ -180,6 +179,8 @@ def whisper_encoder_2l() -> tuple[Any, ...]:
 def autoencoder_kl_2l() -> tuple[Any, ...]:
     """diffusers AutoencoderKL (the Stable Diffusion VAE: GroupNorm ResNets, a mid-block
     attention), 2 resolution levels each way, encode then decode."""
+    import diffusers  # only these four need it (a GPU box may lack it)
+
     model: Any = diffusers.AutoencoderKL(
         in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(32, 64),
         down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
@@ -191,6 +192,8 @@ def autoencoder_kl_2l() -> tuple[Any, ...]:
 
 def dit_2l() -> tuple[Any, ...]:
     """diffusers DiT (class-conditioned adaLN-Zero transformer over latent patches), 2 layers."""
+    import diffusers  # only these four need it (a GPU box may lack it)
+
     model: Any = diffusers.DiTTransformer2DModel(
         num_attention_heads=4, attention_head_dim=16, in_channels=4, out_channels=8,
         num_layers=2, norm_num_groups=8, sample_size=8, patch_size=2, num_embeds_ada_norm=10,
@@ -205,6 +208,8 @@ def dit_2l() -> tuple[Any, ...]:
 
 def sd3_2l() -> tuple[Any, ...]:
     """diffusers SD3 MMDiT (joint image-text attention, adaLN, pooled text embedding), 2 layers."""
+    import diffusers  # only these four need it (a GPU box may lack it)
+
     model: Any = diffusers.SD3Transformer2DModel(
         sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=16,
         num_attention_heads=4, joint_attention_dim=32, caption_projection_dim=64,
@@ -222,6 +227,8 @@ def sd3_2l() -> tuple[Any, ...]:
 def flux_2l() -> tuple[Any, ...]:
     """diffusers Flux transformer (3-axis RoPE, one double-stream and one single-stream block),
     2 layers."""
+    import diffusers  # only these four need it (a GPU box may lack it)
+
     model: Any = diffusers.FluxTransformer2DModel(
         patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16,
         num_attention_heads=4, joint_attention_dim=32, pooled_projection_dim=32,
