@@ -84,6 +84,9 @@ class Cell:
     def from_dict(cls, data: dict[str, Any]) -> Cell:
         """A cell from its fields (records written before the compile axis are eager)."""
         data = as_mapping(data, "cell")
+        given = [data.get(name, default) for name, default in cell_defaults()]
+        if all(type(value) is str and value for value in given):  # the common case, at once
+            return cls(*given)
         values = {}
         for f in dataclasses.fields(cls):
             if f.name in data:
@@ -93,6 +96,12 @@ class Cell:
             elif f.default is dataclasses.MISSING:
                 raise KeyError(f.name)
         return cls(**values)
+
+
+@cache
+def cell_defaults() -> tuple[tuple[str, Any], ...]:
+    """Each field of a cell with its default (``dataclasses.MISSING`` where it has none)."""
+    return tuple((f.name, f.default) for f in dataclasses.fields(Cell))
 
 
 @dataclass(frozen=True, order=True)
@@ -322,13 +331,13 @@ class CellRecord:
             )
         if version < 2:
             data = migrate_v1(data)
+        get = data.get
         nested: dict[str, Any] = {
-            name: kind(**{field: data.get(field) for field in field_names(kind)})
-            if data.get(marker) is not None
-            else None
+            name: kind(*map(get, field_names(kind))) if get(marker) is not None else None
             for name, (kind, marker) in NESTED.items()
         }
-        plain: dict[str, Any] = {name: data.get(name) for name in plain_field_names()}
+        names = plain_field_names()
+        plain: dict[str, Any] = dict(zip(names, map(get, names), strict=True))
         crash_kind = data.get("crash_kind")
         leaves = data.get("leaves")
         record = cls(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import gc
 import json
 import os
 import tempfile
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -104,23 +106,41 @@ def read_cases(run_dir: Path, problems: list[str] | None = None) -> dict[str, di
     ResultsError when no ``problems`` list is given)."""
     path = run_dir / CASES_FILE
     try:
-        data = json.loads(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         return {}
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+    except UnicodeDecodeError as error:
         raise ResultsError(f"{path}: not valid JSON ({error})") from error
+    try:
+        cases, found = checked_cases(text)
+    except ValueError as error:
+        raise ResultsError(f"{path}: {error}") from error
+    if found and problems is None:
+        raise ResultsError(f"{path}: {found[0]}")
+    if problems is not None:
+        problems.extend(f"{path}: {problem} (left out)" for problem in found)
+    return dict(cases)
+
+
+@lru_cache(maxsize=16)
+def checked_cases(text: str) -> tuple[dict[str, dict[str, Any]], tuple[str, ...]]:
+    """The valid cases of a ``cases.json``, by name, and the problem of each invalid one; a
+    ``ValueError`` for a file that is not a list of cases. Kept for the files read last:
+    the runs of a nightly store the same cases over and over (a report reads them all)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"not valid JSON ({error})") from error
     if not isinstance(data, list):
-        raise ResultsError(f"{path}: expected a list of cases")
-    cases = {}
+        raise ValueError("expected a list of cases")
+    cases, problems = {}, []
     for number, case in enumerate(data):
         problem = case_problem(case, f"case {number}")
         if problem is None:
             cases[case["name"]] = case
-        elif problems is None:
-            raise ResultsError(f"{path}: {problem}")
         else:
-            problems.append(f"{path}: {problem} (left out)")
-    return cases
+            problems.append(problem)
+    return cases, tuple(problems)
 
 
 def case_problem(case: Any, where: str) -> str | None:
@@ -308,6 +328,20 @@ def drop_partial_last_line(run_dir: Path) -> str | None:
     return data[keep:].decode(errors="replace")
 
 
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """No cyclic garbage collection while reading records: reading builds hundreds of
+    thousands of small objects and no cycle, and the collector, started again and again by
+    so many new objects, only walks them (a third of the time of reading a run)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def read_record_lines(run_dir: Path, problems: list[str] | None = None) -> list[CellRecord]:
     """Every line of ``cells.jsonl``, in the order written.
 
@@ -319,15 +353,16 @@ def read_record_lines(run_dir: Path, problems: list[str] | None = None) -> list[
     if not path.exists():
         return []
     records = []
-    for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
-        if not raw.strip():
-            continue
-        try:
-            records.append(_parse_record(path, number, _decoded(path, number, raw)))
-        except ResultsError as error:
-            if problems is None:
-                raise
-            problems.append(str(error))
+    with paused_gc():
+        for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+            if not raw.strip():
+                continue
+            try:
+                records.append(_parse_record(path, number, _decoded(path, number, raw)))
+            except ResultsError as error:
+                if problems is None:
+                    raise
+                problems.append(str(error))
     return records
 
 

@@ -10,33 +10,86 @@ later, somewhere else, with a traceback.
 from __future__ import annotations
 
 import dataclasses
+import enum
+import operator
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
 Check = Callable[[Any, str], "str | None"]
-_CLASS_CHECKS: dict[type, list[tuple[str, Check]]] = {}
+FieldChecks = tuple[tuple[str, Check], ...]
+
+#: Values whose fit to a field's type depends on their type alone (not on what they hold).
+ATOMIC = (str, int, float, bool, type(None), enum.Enum)
+#: At most this many combinations of field types are remembered per class.
+MAX_KNOWN = 1024
+
+
+@dataclass
+class ClassChecks:
+    """A dataclass's field checks, and what is known to fit of the values it was given."""
+
+    checks: FieldChecks
+    values: Callable[[Any], Any]
+    #: Types of the fields' values (in field order) that fitted before -> the checks still
+    #: to run for values of these types: those of the fields holding a container or a
+    #: dataclass (whose items may not fit), in field order.
+    known: dict[tuple[type, ...], FieldChecks] = field(default_factory=dict)
+
+
+_CLASS_CHECKS: dict[type, ClassChecks] = {}
 
 
 def check_fields(obj: Any, where: str = "") -> None:
     """Raise ``TypeError`` naming the first field of the dataclass ``obj`` (or of one nested
-    in it) whose value does not have its declared type."""
-    for name, check in _field_checks(type(obj)):
+    in it) whose value does not have its declared type.
+
+    Reading a results file checks hundreds of thousands of objects whose fields have the same
+    few types: a field holding a plain value (a string, a number, None, an enum) fits or not
+    by its type alone, so once the types of all fields have fitted, only the fields holding
+    containers or dataclasses are checked again (same answer, same message)."""
+    known = _class_checks(type(obj))
+    kinds = tuple(map(type, known.values(obj)))
+    remaining = known.known.get(kinds)
+    if remaining is None:
+        _check_each(obj, known.checks, where)
+        if len(known.known) < MAX_KNOWN:
+            known.known[kinds] = tuple(
+                checked
+                for checked, kind in zip(known.checks, kinds, strict=True)
+                if not issubclass(kind, ATOMIC)
+            )
+        return
+    _check_each(obj, remaining, where)
+
+
+def _check_each(obj: Any, checks: FieldChecks, where: str) -> None:
+    for name, check in checks:
         value = getattr(obj, name)
         # checked with no name first: a field's name is built only for a problem
         if check(value, "") is not None:
             raise TypeError(check(value, f"{where}{name}"))
 
 
-def _field_checks(cls: type) -> list[tuple[str, Check]]:
+def _class_checks(cls: type) -> ClassChecks:
     """Each field's check, built once per class from its annotations (reading many records
     must stay cheap)."""
     if cls not in _CLASS_CHECKS:
         hints = typing.get_type_hints(cls)
-        _CLASS_CHECKS[cls] = [(f.name, compiled(hints[f.name])) for f in dataclasses.fields(cls)]
+        names = [f.name for f in dataclasses.fields(cls)]
+        getter = operator.attrgetter(*names) if len(names) > 1 else _one_value(names)
+        checks = tuple((name, compiled(hints[name])) for name in names)
+        _CLASS_CHECKS[cls] = ClassChecks(checks, getter)
     return _CLASS_CHECKS[cls]
+
+
+def _one_value(names: list[str]) -> Callable[[Any], tuple[Any, ...]]:
+    """The values of a dataclass of one field or none, as a tuple (as ``attrgetter`` gives
+    them for two fields or more)."""
+    return lambda obj: tuple(getattr(obj, name) for name in names)
 
 
 def type_problem(value: Any, hint: Any, name: str) -> str | None:
@@ -84,10 +137,10 @@ def _sequence_check(hint: Any, kind: type, item: Check) -> Check:
     exact: frozenset[type] = getattr(item, "exact_types", frozenset())
 
     def check(value: Any, name: str) -> str | None:
-        if not isinstance(value, kind):
+        items: Sequence[Any] = value
+        if not isinstance(items, kind):
             return mismatch(name, hint, value)
-        items: list[Any] = list(typing.cast(Any, value))
-        if exact and set(map(type, items)) <= exact:  # every item a plain scalar: one pass in C
+        if not items or (exact and set(map(type, items)) <= exact):  # one pass in C
             return None
         return next((p for i, v in enumerate(items) if (p := item(v, f"{name}[{i}]"))), None)
 
