@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +35,10 @@ class Run:
     env: dict[str, Any]
     records: list[CellRecord]
     problems: list[str] = field(default_factory=list)
-    #: The report's rows of the records (``run_rows``), where computed ahead (then
-    #: ``records`` may be dropped: rows are cheaper to send between processes).
-    rows: list[dict[str, Any]] | None = None
+    #: The report's rows of the records, column by column (``run_columns``), where
+    #: computed ahead (then ``records`` may be dropped: columns are cheaper to keep and to
+    #: send between processes).
+    rows: dict[str, list[Any]] | None = None
 
     @property
     def name(self) -> str:
@@ -83,15 +85,33 @@ def results_bytes(dirs: Sequence[Path]) -> int:
 
 def load_rows(run_dir: Path) -> Run:
     """One run as a report reads it: rows instead of records."""
-    run = load_run(run_dir)
-    return Run(run.run_dir, run.env, [], run.problems, run_rows(run))
+    with storage.paused_gc():
+        run = load_run(run_dir)
+        return Run(run.run_dir, run.env, [], run.problems, shared(run_columns(run)))
+
+
+def shared(columns: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """``columns`` with equal values as one object: a run repeats its names, labels and
+    messages in every row, and one object is sent between processes (pickled once) and kept
+    once, where a copy per row made a large report's memory."""
+    seen: dict[str, str] = {}
+    return {
+        name: [seen.setdefault(v, v) if type(v) is str else v for v in values]
+        for name, values in columns.items()
+    }
 
 
 def environment_labels(frame: pd.DataFrame, show_host: bool) -> pd.Series:
     """``torch 2.4.1 · cpu``, with `` · host`` where the runs came from several hosts."""
-    release = frame["torch_version"].str.split("+").str[0]
-    labels = "torch " + release + " · " + frame["device"]
-    return labels + " · " + frame["hostname"] if show_host else labels
+    columns = (frame[name].tolist() for name in ("torch_version", "device", "hostname"))
+    places = list(zip(*columns, strict=True))
+    labels = {(v, d, h): environment_label(v, d, h, show_host) for v, d, h in set(places)}
+    return pd.Series([labels[place] for place in places], index=frame.index, dtype=str)
+
+
+def environment_label(torch_version: str, device: str, hostname: str, show_host: bool) -> str:
+    label = f"torch {torch_version.split('+')[0]} · {device}"
+    return f"{label} · {hostname}" if show_host else label
 
 
 #: The fields of a cell, read once: ``dataclasses.asdict`` per record costs more than
@@ -146,20 +166,28 @@ def record_row(record: CellRecord, run: Run, ratio: SpeedRatios | None) -> dict[
     }
 
 
-def run_rows(run: Run) -> list[dict[str, Any]]:
-    """A row per record of the run, with its speed ratios (computed within the run)."""
+def run_columns(run: Run) -> dict[str, list[Any]]:
+    """A row per record of the run, with its speed ratios (computed within the run), column
+    by column (empty for a run without records)."""
     ratios = speed_ratios(run.records)
-    return [record_row(r, run, ratios.get(record_key(r))) for r in run.records]
+    rows = [record_row(r, run, ratios.get(record_key(r))) for r in run.records]
+    if not rows:
+        return {}
+    # every row has the same keys in the same order: the values, transposed
+    values = zip(*(row.values() for row in rows), strict=True)
+    return dict(zip(rows[0], map(list, values), strict=True))
 
 
 def records_frame(runs: Sequence[Run]) -> pd.DataFrame:
     """One row per cell per run, with its environment label and speed ratios."""
     show_host = len({run.env.get("hostname") for run in runs}) > 1
+    columns = [run.rows if run.rows is not None else run_columns(run) for run in runs]
+    columns = [found for found in columns if found]
+    if not columns:
+        return pd.DataFrame()
     frame = pd.DataFrame(
-        [row for run in runs for row in (run.rows if run.rows is not None else run_rows(run))]
+        {name: list(chain.from_iterable(found[name] for found in columns)) for name in columns[0]}
     )
-    if frame.empty:
-        return frame
     frame["env"] = environment_labels(frame, show_host)
     frame["row"] = row_labels(frame)
     # the host an environment's label names: none where every run came from one host
@@ -210,21 +238,36 @@ def summary_matrix(frame: pd.DataFrame) -> pd.DataFrame:
     ran = frame[frame["outcome"] != Outcome.SKIPPED.value]
     if ran.empty:
         return pd.DataFrame()
-    table = ran.pivot_table(
-        index=["case", "row"], columns=["env", "dtype", "mode"], values="label", aggfunc="first"
-    )
+    # each cell's first label (a pivot table's "first", without its aggregation machinery)
+    keys, columns = ["case", "row", "env", "dtype", "mode"], ["env", "dtype", "mode"]
+    table = ran.drop_duplicates(keys).set_index(keys)["label"].unstack(columns)
     return table.reindex(index=row_order(ran), columns=column_order(ran))
 
 
 def version_view(frame: pd.DataFrame) -> pd.DataFrame:
     """For each case: in which torch versions its upstream path (fix ``none``) reproduces
     the known failure, and in which dtypes."""
-    upstream = frame[(frame["fix"] == "none") & (frame["outcome"] != Outcome.SKIPPED.value)]
+    upstream = frame.loc[
+        (frame["fix"] == "none") & (frame["outcome"] != Outcome.SKIPPED.value),
+        ["case", "torch_version", "base_label", "dtype", "mode"],
+    ]
     versions = sorted(upstream["torch_version"].unique(), key=release_key)
-    rows = {}
-    for case, group in upstream.groupby("case"):
-        by_version = dict(tuple(group.groupby("torch_version")))
-        rows[case] = {v: _reproduction_text(by_version.get(v, group.iloc[:0])) for v in versions}
+    by = ["case", "torch_version"]
+    cells = upstream.groupby(by).size().to_dict()
+    repro = upstream[upstream["base_label"] == REPRODUCES].drop(columns="base_label")
+    reproduced = repro.groupby(by).size().to_dict()
+    where: dict[tuple[str, str], set[str]] = {}
+    for case, version, dtype, mode in repro.drop_duplicates().itertuples(index=False):
+        where.setdefault((case, version), set()).add(f"{dtype}/{mode}")
+    rows = {
+        case: {
+            v: _reproduction_text(
+                cells.get((case, v), 0), reproduced.get((case, v), 0), where.get((case, v), set())
+            )
+            for v in versions
+        }
+        for case in sorted(upstream["case"].unique())
+    }
     return pd.DataFrame.from_dict(rows, orient="index", columns=versions).fillna("not run")
 
 
@@ -266,17 +309,15 @@ def _first_passing(by_version: dict[str, tuple[int, int]]) -> str:
     return first.split("+")[0]
 
 
-def _reproduction_text(cells: pd.DataFrame) -> str:
-    if cells.empty:
+def _reproduction_text(cells: int, reproduced: int, where: set[str]) -> str:
+    """Of the ``cells`` that ran, ``reproduced`` raised the known failure, in the
+    ``dtype/mode`` columns ``where``."""
+    if not cells:
         return "not run"
-    repro = cells[cells["base_label"] == REPRODUCES]
-    if repro.empty:
+    if not reproduced:
         return "does not reproduce"
-    where = sorted(
-        {f"{r.dtype}/{r.mode}" for r in repro.drop_duplicates(["dtype", "mode"]).itertuples()},
-        key=lambda k: (rank(DTYPES, k.split("/")[0]), k),
-    )
-    return f"reproduces ({', '.join(where)}); {len(repro)} of {len(cells)} cells"
+    shown = sorted(where, key=lambda k: (rank(DTYPES, k.split("/")[0]), k))
+    return f"reproduces ({', '.join(shown)}); {reproduced} of {cells} cells"
 
 
 def fixes_passing_everywhere(case_frame: pd.DataFrame) -> list[str]:
@@ -284,7 +325,8 @@ def fixes_passing_everywhere(case_frame: pd.DataFrame) -> list[str]:
     ran = case_frame[
         (case_frame["outcome"] != Outcome.SKIPPED.value) & (case_frame["fix"] != "none")
     ]
-    return [str(fix) for fix, cells in ran.groupby("fix") if (cells["label"] == "passes").all()]
+    passing = (ran["label"] == "passes").groupby(ran["fix"]).all()
+    return [str(fix) for fix, everywhere in passing.items() if everywhere]
 
 
 @dataclass(frozen=True)
@@ -311,7 +353,8 @@ FALLBACK_CRITERION = (
 
 def precision_by_fix(case_frame: pd.DataFrame) -> dict[str, Kept | None]:
     """Each fix's precision over the low-precision cells that ran (see ``harness.kept``)."""
-    return {str(fix): fix_kept(cells["kept"]) for fix, cells in case_frame.groupby("fix")}
+    by_fix = case_frame.groupby("fix")["kept"]
+    return {str(fix): fix_kept(levels.unique()) for fix, levels in by_fix}
 
 
 def recommend(frame: pd.DataFrame, case: str) -> Recommendation:

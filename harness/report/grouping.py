@@ -49,15 +49,22 @@ class Environments:
         }
         releases = sorted({e.release for e in self.known.values()}, key=release_key)
         self.order = {release: i for i, release in enumerate(releases)}
+        #: The releases measured per place, by universe (a case's environments: one a case).
+        self.measured: dict[frozenset[str], dict[tuple[str, str], list[str]]] = {}
 
     def describe(self, labels: Iterable[str], universe: Iterable[str]) -> EnvironmentSet:
         """``labels`` as ``torch 2.1.2-2.4.1, 2.6.0 · cpu · host-a``; a range a-b is every
         release measured from a to b on that device and host (the ``universe``)."""
-        chosen = sorted(set(labels), key=self._sort_key)
-        everywhere = set(universe)
+        # a column's values as a list first: iterating a pandas column is slow, item by item
+        chosen = sorted(
+            set(labels.tolist() if isinstance(labels, pd.Series) else labels), key=self._sort_key
+        )
+        everywhere = frozenset(universe)
         if len(chosen) == 1:
             return EnvironmentSet(chosen, chosen[0], chosen[0])
-        measured = self._releases_by_place(everywhere)
+        if everywhere not in self.measured:
+            self.measured[everywhere] = self._releases_by_place(everywhere)
+        measured = self.measured[everywhere]
         by_place: dict[tuple[str, str], list[str]] = defaultdict(list)
         for label in chosen:
             env = self.known[label]
@@ -79,7 +86,7 @@ class Environments:
         env = self.known[label]
         return (env.device, env.host, self.order.get(env.release, -1))
 
-    def _releases_by_place(self, labels: set[str]) -> dict[tuple[str, str], list[str]]:
+    def _releases_by_place(self, labels: Iterable[str]) -> dict[tuple[str, str], list[str]]:
         places: dict[tuple[str, str], list[str]] = defaultdict(list)
         for label in sorted(labels, key=self._sort_key):
             env = self.known[label]

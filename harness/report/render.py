@@ -113,12 +113,13 @@ def alike_environments(table: pd.DataFrame) -> list[list[str]]:
     """The summary matrix's environments, grouped where their columns (dtype/mode) and every
     outcome in them are the same; in the matrix's order of first appearance."""
     values = table.fillna("-").to_numpy()
+    columns = list(table.columns)
     positions: dict[str, list[int]] = {}
-    for i, column in enumerate(table.columns):
+    for i, column in enumerate(columns):
         positions.setdefault(column[0], []).append(i)
     groups: dict[tuple[Any, ...], list[str]] = {}
     for env, where in positions.items():
-        shape = tuple(table.columns[i][1:] for i in where)
+        shape = tuple(columns[i][1:] for i in where)
         groups.setdefault((shape, *values[:, where].ravel()), []).append(env)
     return list(groups.values())
 
@@ -243,7 +244,7 @@ def variant_row(found: dict[str, Any], where: EnvironmentSet, show_size: bool) -
 
 def skipped_summary(case_frame: pd.DataFrame, envs: Environments) -> list[dict[str, Any]]:
     """Skipped cells counted by reason, with the environments where they were skipped."""
-    skipped = case_frame[case_frame["outcome"] == "skipped"]
+    skipped = case_frame.loc[case_frame["outcome"] == "skipped", ["skip_reason", "env"]]
     universe = case_frame["env"].unique()
     return [
         {"reason": reason, "cells": len(cells), "envs": envs.describe(cells["env"], universe)}
@@ -264,9 +265,10 @@ def messages(case_frame: pd.DataFrame, envs: Environments) -> list[dict[str, Any
     """Each distinct error message or note once, with every cell and environment it came
     from."""
     universe = case_frame["env"].unique()
+    cells = case_frame[[*grouping.key_columns(case_frame), "env"]]  # what where_cells reads
     texts = pd.concat(
         [
-            case_frame.assign(text=case_frame[column])[lambda f: f["text"].map(is_text)]
+            cells.assign(text=case_frame[column])[lambda f: f["text"].map(is_text)]
             for column in ("failure", "note")
         ]
     )
@@ -286,9 +288,12 @@ TRAIL = ("label", "promotion", "failure_site", "compute")
 def trails(case_frame: pd.DataFrame, envs: Environments) -> list[dict[str, Any]]:
     """The dtype trail of every cell that raised or drifted: where the wider dtype entered,
     where it failed, what the kernels computed in; one row per distinct trail."""
-    shown = case_frame[(case_frame["outcome"] == "raises") | case_frame["drift"].fillna(False)]
+    keys = grouping.key_columns(case_frame)
+    shown = case_frame.loc[
+        (case_frame["outcome"] == "raises") | case_frame["drift"].fillna(False),
+        [*keys, *TRAIL, "env"],
+    ]
     universe = case_frame["env"].unique()
-    keys = grouping.key_columns(shown)
     rows = []
     for key, cells in grouping.grouped(shown, [*keys, *TRAIL]):
         label, promotion, failure, compute = key[len(keys) :]
