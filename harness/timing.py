@@ -33,10 +33,10 @@ class TimingConfig:
     #: One sample is a block of calls lasting at least this long.
     min_block_s: float = 0.01
     min_samples: int = 7
-    #: Timed calls per function at the least (budget allowing): a cell spends two or three
-    #: untimed calls (its warm-up, its FLOP and memory count), and 16 timed ones keep them
-    #: under a tenth of the calls.
-    min_calls: int = 16
+    #: Timed calls per function at the least, whatever the budget: a cell also spends about
+    #: three calls' time untimed (its warm-up, and its FLOP and memory count, which runs
+    #: slower than a plain call), and 20 timed calls keep that near a seventh of its time.
+    min_calls: int = 20
     max_samples: int = 500
     #: Stop once IQR / median falls under this.
     iqr_threshold: float = 0.03
@@ -189,15 +189,9 @@ def measure_interleaved(
     while len(samples[0]) < config.max_samples:
         for fn, block, mine in zip(fns, blocks, samples, strict=True):
             mine.append(watch.time_block(fn, block) / block)
-        if len(samples[0]) < config.min_samples:
+        if not enough_calls(samples, blocks, config):
             continue
-        if clock() - started >= budget:
-            break
-        if any(
-            len(s) * block < config.min_calls for s, block in zip(samples, blocks, strict=True)
-        ):
-            continue
-        if all(converged(s, config) for s in samples):
+        if all(converged(s, config) for s in samples) or clock() - started >= budget:
             break
         if plateau.reached(max(spread_of(s) for s in samples)):
             break
@@ -205,6 +199,13 @@ def measure_interleaved(
         summarize(s, block, noisy=not converged(s, config), timer=watch.name)
         for s, block in zip(samples, blocks, strict=True)
     ]
+
+
+def enough_calls(samples: list[list[float]], blocks: list[int], config: TimingConfig) -> bool:
+    """Every function has its ``min_samples`` samples and ``min_calls`` timed calls."""
+    return len(samples[0]) >= config.min_samples and all(
+        len(s) * block >= config.min_calls for s, block in zip(samples, blocks, strict=True)
+    )
 
 
 class Plateau:

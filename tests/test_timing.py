@@ -60,6 +60,7 @@ def test_noisy_workload_stops_at_the_budget_and_says_so() -> None:
         min_warmup_calls=1,
         min_block_s=0.0,
         min_samples=3,
+        min_calls=1,
         budget_s=0.01,
         iqr_threshold=0.03,
     )
@@ -134,18 +135,19 @@ def test_functions_already_warm_are_sized_from_their_estimates_without_warm_up()
     assert clock.calls == 7 * 10  # the samples only (50 more warm-up calls without estimates)
 
 
-def test_a_slow_call_is_timed_at_least_min_calls_times_budget_allowing() -> None:
-    """Seven samples of one call each would leave the cell's untimed calls (warm-up, FLOP
-    and memory count) a quarter of its time: sampling goes on to ``min_calls``."""
-    config = TimingConfig(min_block_s=0.01, min_samples=7, min_calls=16, budget_s=10.0)
+def test_a_slow_call_is_timed_at_least_min_calls_times_whatever_the_budget() -> None:
+    """Seven samples of one call each would leave a cell's untimed calls (warm-up, FLOP and
+    memory count) a third of its time: sampling goes on to ``min_calls`` calls, past the
+    budget, and to ``min_samples`` samples where blocks are longer."""
+    config = TimingConfig(min_block_s=0.01, min_samples=7, min_calls=20, budget_s=0.1)
     clock = FakeClock(itertools.repeat(0.02))
     watch = ClockStopwatch(clock, "fake")
     (timing,) = measure_interleaved([clock.work], config, watch, clock, estimates=[0.02])
-    assert timing.block == 1 and timing.count == 16 and not timing.noisy
-    short = replace(config, budget_s=0.21)  # the budget still ends it
-    clock = FakeClock(itertools.repeat(0.02))
-    (timing,) = measure_interleaved([clock.work], short, watch, clock, estimates=[0.02])
-    assert timing.count == 11  # the round that passes 0.21 s is the last
+    assert timing.block == 1 and timing.count == 20 and not timing.noisy
+    quick = FakeClock(itertools.repeat(0.001))  # blocks of 10 calls: 7 samples are 70 calls
+    quick_watch = ClockStopwatch(quick, "fake")
+    (timing,) = measure_interleaved([quick.work], config, quick_watch, quick, estimates=[0.001])
+    assert timing.block == 10 and timing.count == 7
 
 
 def test_interleaving_goes_on_until_every_function_is_stable() -> None:
