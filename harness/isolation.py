@@ -24,7 +24,7 @@ import os
 import resource
 import signal
 import sys
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import closing
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from harness import execute, perf, torch_state, trail
+from harness import execute, perf, registry, torch_state, trail
 from harness.records import Cell, CellRecord, CrashKind, Outcome
 from harness.timing import TimingConfig
 
@@ -43,6 +43,13 @@ DEFAULT_TIMEOUT_S = 300.0
 class Limits:
     timeout_s: float = DEFAULT_TIMEOUT_S
     memory_bytes: int | None = None
+
+
+def limits_for(cell: Cell, limits: Limits) -> Limits:
+    """The run's limits, with the case's own time limit where it declares one."""
+    case = registry.find(cell.case)
+    own = case.timeout_s if case else None
+    return replace(limits, timeout_s=own) if own else limits
 
 
 #: The worker's torch settings when it started, before any case module was imported; put
@@ -207,6 +214,25 @@ def run_cells_isolated(
             return
 
 
+def batch_records(
+    cells: list[Cell],
+    worker: str,
+    limits_of: Callable[[Cell], Limits],
+    threads: int,
+    trace: bool = True,
+) -> Iterator[CellRecord]:
+    """Each cell's record as it ends (``run_cells_isolated``); where the harness itself
+    failed around the cells, a record of each cell left that says why."""
+    done = 0
+    try:
+        for record in run_cells_isolated(cells, worker, limits_of, threads, trace):
+            done += 1
+            yield record
+    except Exception as error:  # the harness failed around the cells: record why
+        for cell in cells[done:]:
+            yield execute.harness_failure(cell, error, worker)
+
+
 def run_cells_in_child(
     cells: list[Cell], worker: str, trace: bool, send: Callable[[Any], None]
 ) -> None:
@@ -329,6 +355,22 @@ def time_columns_isolated(
             for rest in columns[n:]:
                 yield time_column_isolated(rest, config, worker, limits, threads)
             return
+
+
+def timed_columns(
+    columns: list[Column], config: TimingConfig, worker: str, limits: Limits, threads: int
+) -> Iterator[list[CellRecord]]:
+    """Each column's records as it ends (``time_columns_isolated``); where the harness
+    itself failed, the columns left keep their correctness records, with why timing failed."""
+    done = 0
+    try:
+        for timed in time_columns_isolated(columns, config, worker, limits, threads):
+            done += 1
+            yield timed
+    except Exception as error:  # keep each correctness record, say why timing failed
+        failure = f"{type(error).__name__}: {error}"[: execute.MAX_MESSAGE]
+        for column in columns[done:]:
+            yield [replace(r, timing_error=failure) for r in column]
 
 
 def time_columns_in_child(

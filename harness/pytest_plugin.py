@@ -25,12 +25,13 @@ from harness import execute, model_case, registry, storage
 from harness.config import RunConfig
 from harness.isolation import (
     Limits,
+    batch_records,
+    limits_for,
     remember_worker_state,
-    run_cells_isolated,
-    time_columns_isolated,
+    timed_columns,
 )
-from harness.records import Cell, CellRecord, CrashKind, Outcome, outcome_label
-from harness.summary import failure_line
+from harness.progress import Progress, column_label, progress_label
+from harness.records import Cell, CellRecord, CrashKind, Outcome
 from harness.timing import TimingConfig
 
 OUTCOME_KEY = "ampmatrix_outcome"
@@ -96,13 +97,6 @@ class PlanFile(pytest.File):
             yield item
 
 
-def limits_for(cell: Cell, limits: Limits) -> Limits:
-    """The run's limits, with the case's own time limit where it declares one."""
-    case = registry.find(cell.case)
-    own = case.timeout_s if case else None
-    return replace(limits, timeout_s=own) if own else limits
-
-
 def batch_name(cells: list[Cell]) -> str:
     """An item's name: its cell's id, or the first cell's id and how many follow."""
     return timing_batch_name([cell.id for cell in cells])
@@ -135,17 +129,8 @@ class CellsItem(pytest.Item):
         self.user_properties.append((OUTCOME_KEY, labels))
 
     def records(self, worker: str, threads: int) -> Iterator[CellRecord]:
-        """Each cell's record as it ends; one the harness itself failed on says why."""
-        done = 0
-        try:
-            for record in run_cells_isolated(
-                self.cells, worker, partial(limits_for, limits=self.limits), threads, self.trace
-            ):
-                done += 1
-                yield record
-        except Exception as error:  # the harness failed around the cells: record why
-            for cell in self.cells[done:]:
-                yield execute.harness_failure(cell, error, worker)
+        limits = partial(limits_for, limits=self.limits)
+        return batch_records(self.cells, worker, limits, threads, self.trace)
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, None, self.name
@@ -176,25 +161,13 @@ class TimingItem(pytest.Item):
         for name, timed in zip(self.columns, self.timed(), strict=True):
             for record in timed:
                 append_or_stop(self, record)
-            fixes = [f"\n    {r.cell.fix} [{r.cell.backend}]: {timing_label(r)}" for r in timed]
-            labels.append((name, "timed" + "".join(fixes)))
+            labels.append((name, column_label(timed)))
         self.user_properties.append((OUTCOME_KEY, labels))
 
     def timed(self) -> Iterator[list[CellRecord]]:
-        """Each column's records as it ends; where the harness itself failed, the columns
-        left keep their correctness records, with why timing failed."""
         threads = int(os.environ.get("AMPMATRIX_THREADS", "1"))
-        worker = worker_id(self.config)
         columns = list(self.columns.values())
-        done = 0
-        try:
-            for timed in time_columns_isolated(columns, self.timing, worker, self.limits, threads):
-                done += 1
-                yield timed
-        except Exception as error:  # keep each correctness record, say why timing failed
-            failure = f"{type(error).__name__}: {error}"[: execute.MAX_MESSAGE]
-            for column in columns[done:]:
-                yield [replace(r, timing_error=failure) for r in column]
+        return timed_columns(columns, self.timing, worker_id(self.config), self.limits, threads)
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, None, self.name
@@ -218,29 +191,9 @@ def stop_session(session: pytest.Session, why: str) -> None:
         dsession.shouldstop = why
 
 
-def timing_label(record: CellRecord) -> str:
-    perf = record.perf
-    if perf is None:
-        return f"not timed: {record.timing_error or record.note}"
-    noisy = " noisy" if perf.time_noisy else ""
-    return (
-        f"{perf.time_median_s * 1e3:.3f} ms (IQR {perf.time_iqr_s / perf.time_median_s:.1%},"
-        f" {perf.time_count}x{perf.time_block} calls{noisy})"
-    )
-
-
 def worker_id(config: pytest.Config) -> str:
     workerinput = getattr(config, "workerinput", None)
     return str(workerinput["workerid"]) if workerinput else "main"
-
-
-def progress_label(record: CellRecord) -> str:
-    """The outcome label, and for a cell that did not pass, the error in one line."""
-    label = outcome_label(record)
-    if record.outcome is Outcome.PASSES:
-        return label
-    detail = failure_line(record)
-    return f"{label}  {detail}" if detail else label
 
 
 CrashRecords = Callable[[str, str], list[CellRecord]]
@@ -254,9 +207,9 @@ class Controller:
     def __init__(self, run_dir: Path, on_crash: dict[str, CrashRecords], units: int = 0) -> None:
         self.run_dir = run_dir
         self.on_crash = on_crash
-        #: Cells to count in the progress lines (0: count items, as the timing phase does).
+        #: Cells to count in the progress lines (0: count items).
         self.units = units
-        self.done = 0
+        self.progress = Progress(units or len(on_crash))
         self.finished: set[str] = set()
         #: Why a record could not be written, when one could not (the run then stops).
         self.not_written: str | None = None
@@ -309,10 +262,7 @@ class Controller:
         """One line per cell (correctness) or per column (timing), numbered."""
         name = item_name(report)
         self.finished.add(name)
-        self.done += 1
-        total = self.units or len(self.on_crash)
-        width = len(str(total))
-        print(f"[{self.done:>{width}}/{total}] {cell_id or name}  {label}", flush=True)
+        self.progress.line(cell_id or name, label)
 
 
 def crash_message(report: pytest.TestReport) -> str:

@@ -17,9 +17,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pytest
 import torch
 
 from harness import execute, model_case, registry, storage
@@ -27,10 +26,14 @@ from harness.axes import SIZES, SMALL_SIZE, TIMED_SIZE, rank
 from harness.case import Case
 from harness.config import RunConfig
 from harness.environment import capture_environment, now_iso
+from harness.in_process import run_batches_here, stopped, time_batches_here
 from harness.matrix import Plan, SelectionError, check_selection, expand
-from harness.pytest_plugin import Controller, cell_crashes, timing_crashes
 from harness.records import Cell, CellRecord, Outcome
 from harness.registry import CaseContractError
+from harness.timing import TimingConfig
+
+if TYPE_CHECKING:  # pytest is imported where workers run the cells
+    from harness.pytest_plugin import Controller
 
 
 def discover_cases(cases_dirs: Sequence[Path]) -> list[Case]:
@@ -121,6 +124,8 @@ def threads_per_worker(workers: int) -> int:
 def run_pytest(args: list[str], controller: Controller, threads: int) -> int:
     """pytest's exit code; a record that could not be written stops the run here, with
     the reason and how to finish it."""
+    import pytest
+
     os.environ["AMPMATRIX_THREADS"] = str(threads)
     autoload = os.environ.get(NO_AUTOLOAD)
     os.environ[NO_AUTOLOAD] = "1"  # inherited by the xdist workers
@@ -132,11 +137,7 @@ def run_pytest(args: list[str], controller: Controller, threads: int) -> int:
         else:
             os.environ[NO_AUTOLOAD] = autoload
     if controller.not_written:
-        raise storage.ResultsError(
-            f"{controller.not_written}; the run stopped there. Every record before it is "
-            f"intact: make room, then finish it with "
-            f"python -m harness run --resume {controller.run_dir}"
-        )
+        raise stopped(controller.run_dir, controller.not_written)
     return code
 
 
@@ -164,15 +165,21 @@ def execute_cells(run_dir: Path, plan: Plan, workers: int, config: RunConfig) ->
     Returns pytest's exit code."""
     if not plan.to_run:
         return 0
-    code = run_batches(run_dir, batches_of(plan.to_run, config.batch), workers)
+    code = run_batches(run_dir, batches_of(plan.to_run, config.batch), workers, config)
     recorded = {r.cell for r in storage.read_records(run_dir, problems=[])}
     left = [cell for cell in plan.to_run if cell not in recorded]
     if left and config.batch > 1:
-        code = max(code, run_batches(run_dir, [[cell] for cell in left], workers))
+        code = max(code, run_batches(run_dir, [[cell] for cell in left], workers, config))
     return code
 
 
-def run_batches(run_dir: Path, batches: list[list[Cell]], workers: int) -> int:
+def run_batches(run_dir: Path, batches: list[list[Cell]], workers: int, config: RunConfig) -> int:
+    workers = min(workers, len(batches))
+    if workers == 0:
+        threads = threads_per_worker(0)
+        return run_batches_here(run_dir, batches, config.limits, threads, config.trace)
+    from harness.pytest_plugin import Controller, cell_crashes
+
     plan_path = write_plan(
         run_dir,
         storage.PLAN_FILE,
@@ -181,7 +188,6 @@ def run_batches(run_dir: Path, batches: list[list[Cell]], workers: int) -> int:
     units = sum(len(batch) for batch in batches)
     controller = Controller(run_dir, cell_crashes(run_dir, batches), units)
     grouped = any(batch[0].device.startswith("cuda") for batch in batches)
-    workers = min(workers, len(batches))
     args = pytest_args(plan_path, workers, grouped, items=len(batches))
     return run_pytest(args, controller, threads_per_worker(workers))
 
@@ -272,7 +278,7 @@ def time_cells(
     if not records or config.timing is None:
         return 0, None
     started = clock()
-    code = time_columns(run_dir, records)
+    code = time_columns(run_dir, records, config)
     timed = {r.cell: r for r in storage.read_records(run_dir, problems=[])}
     phase = TimingPhase(
         cells=len(records),
@@ -283,13 +289,21 @@ def time_cells(
     return code, phase
 
 
-def time_columns(run_dir: Path, records: list[CellRecord]) -> int:
+def time_columns(run_dir: Path, records: list[CellRecord], config: RunConfig) -> int:
     columns = timing_columns(records)
     batches = timing_batches(columns)
     print(
         f"ampmatrix: timing {len(records)} cells in {len(columns)} groups, one worker per device",
         flush=True,
     )
+    devices = {r.cell.device for r in records}
+    threads = (os.cpu_count() or 1) if devices == {"cpu"} else threads_per_worker(len(devices))
+    workers = timing_workers(devices)
+    timing = config.timing or TimingConfig()
+    if workers == 0:
+        return time_batches_here(run_dir, batches, timing, config.limits, threads)
+    from harness.pytest_plugin import Controller, timing_crashes
+
     plan_path = write_plan(
         run_dir,
         storage.TIMING_PLAN_FILE,
@@ -298,10 +312,8 @@ def time_columns(run_dir: Path, records: list[CellRecord]) -> int:
             for batch in batches
         ],
     )
-    devices = {r.cell.device for r in records}
     controller = Controller(run_dir, timing_crashes(run_dir, batches), units=len(columns))
-    threads = (os.cpu_count() or 1) if devices == {"cpu"} else threads_per_worker(len(devices))
-    args = pytest_args(plan_path, timing_workers(devices), grouped=True, items=len(batches))
+    args = pytest_args(plan_path, workers, grouped=True, items=len(batches))
     return run_pytest(args, controller, threads)
 
 
