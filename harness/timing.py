@@ -179,14 +179,17 @@ def measure_interleaved(
     already warm (called and timed by the caller), which then need no warm-up of their own,
     as ``blocked_autorange`` sizes its blocks from one call."""
     watch = stopwatch or ClockStopwatch(clock)
+    started = clock()
     if estimates is None:
         estimates = [warm_up(fn, config, watch, clock) for fn in fns]
-    blocks = [block_size(estimate, config) for estimate in estimates]
-    samples: list[list[float]] = [[] for _ in fns]
+        started = clock()
+        blocks = [block_size(estimate, config) for estimate in estimates]
+        samples: list[list[float]] = [[] for _ in fns]
+    else:
+        blocks, samples = first_samples(fns, estimates, watch, config)
     budget = config.budget_s * len(fns)
-    started = clock()
     plateau = Plateau(config.plateau_rounds)
-    while len(samples[0]) < config.max_samples:
+    while min(map(len, samples)) < config.max_samples:
         for fn, block, mine in zip(fns, blocks, samples, strict=True):
             mine.append(watch.time_block(fn, block) / block)
         if not enough_calls(samples, blocks, config):
@@ -201,9 +204,29 @@ def measure_interleaved(
     ]
 
 
+def first_samples(
+    fns: Sequence[Callable[[], Any]],
+    estimates: Sequence[float],
+    watch: Stopwatch,
+    config: TimingConfig,
+) -> tuple[list[int], list[list[float]]]:
+    """Blocks sized from the caller's estimates, and one sample of each function. Where
+    that sample shows the function quicker than its estimate allowed for (a first call
+    slowed by one-time work), its block grows to fit, and the sample, taken with the
+    smaller block, counts as warm-up."""
+    blocks, samples = [], []
+    for fn, estimate in zip(fns, estimates, strict=True):
+        block = block_size(estimate, config)
+        sample = watch.time_block(fn, block) / block
+        better = block_size(sample, config)
+        blocks.append(max(block, better))
+        samples.append([sample] if better <= block else [])
+    return blocks, samples
+
+
 def enough_calls(samples: list[list[float]], blocks: list[int], config: TimingConfig) -> bool:
     """Every function has its ``min_samples`` samples and ``min_calls`` timed calls."""
-    return len(samples[0]) >= config.min_samples and all(
+    return min(map(len, samples)) >= config.min_samples and all(
         len(s) * block >= config.min_calls for s, block in zip(samples, blocks, strict=True)
     )
 

@@ -150,6 +150,17 @@ def test_a_slow_call_is_timed_at_least_min_calls_times_whatever_the_budget() -> 
     assert timing.block == 10 and timing.count == 7
 
 
+def test_a_block_sized_from_a_slow_first_call_grows_once_the_call_is_warm() -> None:
+    """The caller's estimate came from a call slowed by one-time work (20 ms): the first
+    sample shows 1 ms calls, so the block grows to 10 calls and that sample is warm-up."""
+    clock = FakeClock(itertools.repeat(0.001))
+    config = TimingConfig(min_block_s=0.01, min_samples=7, min_calls=20)
+    watch = ClockStopwatch(clock, "fake")
+    (timing,) = measure_interleaved([clock.work], config, watch, clock, estimates=[0.02])
+    assert timing.block == 10 and timing.count == 7
+    assert clock.calls == 1 + 7 * 10  # the one-call sample, then 7 blocks of 10
+
+
 def test_interleaving_goes_on_until_every_function_is_stable() -> None:
     clock = FakeClock(itertools.repeat(0.0))
     noisy = itertools.cycle([0.001, 0.002])
