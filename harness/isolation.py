@@ -80,15 +80,16 @@ def settle_worker() -> str | None:
 _SHARED: dict[tuple[execute.Workpiece, str], str | None] = {}
 
 
-def warm_parent(cell: Cell, limits: Limits, threads: int) -> str | None:
+def warm_parent(cell: Cell, limits: Limits, threads: int, trace: bool = True) -> str | None:
     """Compute (and keep) what every cell of this case and size shares, in one forked child,
     before forking the cells: they inherit it instead of each recomputing it, and a
     reference fix that kills its process or changes torch's global settings cannot reach
     the worker. Returns why that child gave no result, if it did not. The worker itself
-    stays single-threaded (its children start their own thread pools); the dtype tracer's
-    first-use imports are done here too."""
+    stays single-threaded (its children start their own thread pools); where cells are
+    traced, the dtype tracer's first use is made here too."""
     torch.set_num_threads(1)
-    trail.warm_up()
+    if trace:
+        trail.warm_up()
     key = (execute.workpiece(cell), cell.device)
     if key not in _SHARED:
         _SHARED[key] = compute_shared(*key, limits, threads)
@@ -191,7 +192,7 @@ def run_cells_isolated(
     When a cell kills the child or overruns, it is recorded as such and every cell after it
     runs in a child of its own (``run_cell_isolated``)."""
     settled = settle_worker()
-    shared_failure = warm_parent(cells[0], limits_of(cells[0]), threads)
+    shared_failure = warm_parent(cells[0], limits_of(cells[0]), threads, trace)
     if shared_failure is not None:
         for cell in cells:
             yield shared_failed(cell, shared_failure, worker)
