@@ -15,7 +15,7 @@ from typing import Any
 
 from harness.axes import SMALL_SIZE
 from harness.trail_records import Trail
-from harness.typed import as_mapping, as_tuple, check_fields, mismatch
+from harness.typed import as_mapping, as_tuple, built, check_fields, mismatch
 
 #: Bumped whenever a record's fields change meaning; readers refuse newer versions.
 #: 3: numerics name their yardsticks (``rounding_rel_err``, ``decided_by``, ``factor``;
@@ -85,7 +85,7 @@ class Cell:
         """A cell from its fields (records written before the compile axis are eager)."""
         data = as_mapping(data, "cell")
         given = [data.get(name, default) for name, default in cell_defaults()]
-        if all(type(value) is str and value for value in given):  # the common case, at once
+        if {str}.issuperset(map(type, given)) and all(given):  # every name given, non-empty
             return cls(*given)
         values = {}
         for f in dataclasses.fields(cls):
@@ -254,6 +254,11 @@ def field_names(kind: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(kind))
 
 
+def taken(names: tuple[str, ...], data: dict[str, Any]) -> dict[str, Any]:
+    """The values of ``names`` in ``data`` (None where one is absent)."""
+    return dict(zip(names, map(data.get, names), strict=True))
+
+
 @cache
 def plain_field_names() -> tuple[str, ...]:
     """The fields of a record taken from the JSON object as they are."""
@@ -331,16 +336,16 @@ class CellRecord:
             )
         if version < 2:
             data = migrate_v1(data)
-        get = data.get
         nested: dict[str, Any] = {
-            name: kind(*map(get, field_names(kind))) if get(marker) is not None else None
+            name: built(kind, taken(field_names(kind), data))
+            if data.get(marker) is not None
+            else None
             for name, (kind, marker) in NESTED.items()
         }
-        names = plain_field_names()
-        plain: dict[str, Any] = dict(zip(names, map(get, names), strict=True))
+        plain = taken(plain_field_names(), data)
         crash_kind = data.get("crash_kind")
         leaves = data.get("leaves")
-        record = cls(
+        typed: dict[str, Any] = dict(
             cell=Cell.from_dict(data),
             outcome=Outcome(data["outcome"]),
             flags=tuple(
@@ -356,9 +361,8 @@ class CellRecord:
             else None,
             crash_kind=CrashKind(crash_kind) if crash_kind else None,
             trail=Trail.from_dict(data),
-            **nested,
-            **plain,
         )
+        record = built(cls, typed | nested | plain)
         check_fields(record)
         return record
 

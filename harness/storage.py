@@ -371,8 +371,9 @@ def read_records(run_dir: Path, problems: list[str] | None = None) -> list[CellR
     timed record, say) supersedes an earlier one."""
     latest: dict[str, CellRecord] = {}
     for record in read_record_lines(run_dir, problems):
-        latest.pop(record.cell.id, None)
-        latest[record.cell.id] = record
+        key = record.cell.id
+        latest.pop(key, None)
+        latest[key] = record
     return list(latest.values())
 
 
