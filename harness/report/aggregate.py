@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import operator
 import os
 import sys
 from collections.abc import Sequence
@@ -74,8 +75,8 @@ def load_runs_for_report(run_dirs: Sequence[Path], processes: int | None = None)
     if processes < 2 or results_bytes(dirs) < PARALLEL_BYTES:
         return [load_rows(d) for d in dirs]
     context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
-    with context.Pool(processes) as pool:
-        return pool.map(load_rows, dirs, chunksize=max(1, len(dirs) // (processes * 4)))
+    with context.Pool(processes) as pool:  # small chunks: no process left alone at the end
+        return pool.map(load_rows, dirs, chunksize=max(1, len(dirs) // (processes * 16)))
 
 
 def results_bytes(dirs: Sequence[Path]) -> int:
@@ -117,17 +118,21 @@ def environment_label(torch_version: str, device: str, hostname: str, show_host:
 #: The fields of a cell, read once: ``dataclasses.asdict`` per record costs more than
 #: the rest of a frame row.
 CELL_FIELDS = tuple(f.name for f in dataclasses.fields(Cell))
+cell_values = operator.attrgetter(*CELL_FIELDS)
 
 
-def record_row(record: CellRecord, run: Run, ratio: SpeedRatios | None) -> dict[str, Any]:
+def record_row(
+    record: CellRecord, run: tuple[str, str], ratio: SpeedRatios | None
+) -> dict[str, Any]:
+    """A record's row: its cell, outcome and figures, and its ``run``'s name and host."""
     perf, numerics, cell = record.perf, record.numerics, record.cell
     return {
-        **{name: getattr(cell, name) for name in CELL_FIELDS},
-        "row_with_backend": record.cell.row(show_backend=True),
-        "row_without_backend": record.cell.row(show_backend=False),
-        "run": run.name,
+        **dict(zip(CELL_FIELDS, cell_values(cell), strict=True)),
+        "row_with_backend": cell.row(show_backend=True),
+        "row_without_backend": cell.row(show_backend=False),
+        "run": run[0],
         "torch_version": record.torch_version,
-        "hostname": str(run.env.get("hostname", "?")),
+        "hostname": run[1],
         "outcome": record.outcome.value,
         "label": outcome_label(record),
         "base_label": base_label(record),
@@ -170,7 +175,8 @@ def run_columns(run: Run) -> dict[str, list[Any]]:
     """A row per record of the run, with its speed ratios (computed within the run), column
     by column (empty for a run without records)."""
     ratios = speed_ratios(run.records)
-    rows = [record_row(r, run, ratios.get(record_key(r))) for r in run.records]
+    names = (run.name, str(run.env.get("hostname", "?")))
+    rows = [record_row(r, names, ratios.get(record_key(r))) for r in run.records]
     if not rows:
         return {}
     # every row has the same keys in the same order: the values, transposed

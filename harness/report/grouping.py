@@ -49,6 +49,11 @@ class Environments:
         }
         releases = sorted({e.release for e in self.known.values()}, key=release_key)
         self.order = {release: i for i, release in enumerate(releases)}
+        #: Each environment's place in a sorted list: device, host, release.
+        self.sort_keys = {
+            label: (env.device, env.host, self.order.get(env.release, -1))
+            for label, env in self.known.items()
+        }
         #: The releases measured per place, by universe (a case's environments: one a case).
         self.measured: dict[frozenset[str], dict[tuple[str, str], list[str]]] = {}
 
@@ -56,9 +61,8 @@ class Environments:
         """``labels`` as ``torch 2.1.2-2.4.1, 2.6.0 · cpu · host-a``; a range a-b is every
         release measured from a to b on that device and host (the ``universe``)."""
         # a column's values as a list first: iterating a pandas column is slow, item by item
-        chosen = sorted(
-            set(labels.tolist() if isinstance(labels, pd.Series) else labels), key=self._sort_key
-        )
+        given = set(labels.tolist() if isinstance(labels, pd.Series) else labels)
+        chosen = sorted(given, key=self.sort_keys.__getitem__)
         everywhere = frozenset(universe)
         if len(chosen) == 1:
             return EnvironmentSet(chosen, chosen[0], chosen[0])
@@ -82,13 +86,9 @@ class Environments:
         short = f"all {len(chosen)} environments" if set(chosen) == everywhere else None
         return EnvironmentSet(chosen, short or f"{len(chosen)} environments", text)
 
-    def _sort_key(self, label: str) -> tuple[str, str, int]:
-        env = self.known[label]
-        return (env.device, env.host, self.order.get(env.release, -1))
-
     def _releases_by_place(self, labels: Iterable[str]) -> dict[tuple[str, str], list[str]]:
         places: dict[tuple[str, str], list[str]] = defaultdict(list)
-        for label in sorted(labels, key=self._sort_key):
+        for label in sorted(labels, key=self.sort_keys.__getitem__):
             env = self.known[label]
             places[env.device, env.host].append(env.release)
         return places

@@ -13,11 +13,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import pandas as pd
-from jinja2 import Environment, PackageLoader, select_autoescape
+
+if TYPE_CHECKING:
+    import jinja2
 
 from harness import storage
 from harness.axes import MODES, SIZES, rank
@@ -50,7 +52,11 @@ def css_for(label: str) -> str:
 ISSUE_REF = re.compile(r"^(?P<repo>[\w.-]+/[\w.-]+)#(?P<number>\d+)$")
 
 
-def template_environment() -> Environment:
+def template_environment() -> jinja2.Environment:
+    """Jinja2's environment (imported here: a report drawing plots imports and compiles
+    its template while they are drawn)."""
+    from jinja2 import Environment, PackageLoader, select_autoescape
+
     return Environment(
         loader=PackageLoader("harness.report", "templates"),
         autoescape=select_autoescape(default=True, default_for_string=True),
@@ -311,21 +317,20 @@ def trails(case_frame: pd.DataFrame, envs: Environments) -> list[dict[str, Any]]
     return rows
 
 
-def size_plots(mine: pd.DataFrame, passing: set[str]) -> list[tuple[str, str | None]]:
+def size_plots(mine: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     """One error-vs-time plot per workload size that was timed (speed is never drawn
-    across sizes), as (size, data URI); the one plot of a case that ran one size."""
+    across sizes), as (size, its points); the one plot of a case that ran one size."""
     sizes = sorted(mine["size"].unique(), key=lambda s: rank(SIZES, s)) if len(mine) else []
     timed = [s for s in sizes if mine.loc[mine["size"] == s, "median_s"].notna().any()]
     if len(sizes) <= 1 or not timed:
-        return [("", plots.error_vs_time(mine, passing))]
-    return [(size, plots.error_vs_time(mine[mine["size"] == size], passing)) for size in timed]
+        return [("", plots.plotted(mine))]
+    return [(size, plots.plotted(mine[mine["size"] == size])) for size in timed]
 
 
 def case_view(
     mine: pd.DataFrame, case: str, meta: dict[str, Any] | None, envs: Environments
 ) -> dict[str, Any]:
     recommendation = aggregate.recommend(mine, case)
-    passing = set(aggregate.fixes_passing_everywhere(mine))
     universe = mine["env"].unique()
     return {
         "name": case,
@@ -340,7 +345,6 @@ def case_view(
         "cpu_timed": bool(
             ((mine["device"] == "cpu") & mine["median_s"].notna()).any() if len(mine) else False
         ),
-        "plots": size_plots(mine, passing),
         "environments": envs.describe(universe, universe),
         "cell_count": len(mine),
         "rows": cell_rows(mine[mine["outcome"] != "skipped"], envs),
@@ -462,7 +466,34 @@ def render_report(runs: Sequence[Run], comparison: Comparison | None = None) -> 
         except storage.ResultsError as error:
             problems.append(str(error))
     envs = Environments(frame)
-    context = {
+    cases = [(str(case), mine) for case, mine in frame.groupby("case")] if not frame.empty else []
+    wanted = [size_plots(mine) for _, mine in cases]
+    passing = [set(aggregate.fixes_passing_everywhere(mine)) for _, mine in cases]
+    jobs = [
+        (points, fixes)
+        for sizes, fixes in zip(wanted, passing, strict=True)
+        for _, points in sizes
+    ]
+    with plots.Drawing(jobs) as drawing:  # drawn while the tables are computed
+        context = tables(runs, frame, envs, problems, cases, metadata)
+        template = template_environment().get_template("report.html.j2")
+        figures = iter(drawing.figures())
+    for view, sizes in zip(context["cases"], wanted, strict=True):
+        view["plots"] = [(size, next(figures)) for size, _ in sizes]
+    context["comparison"] = comparison
+    return template.render(**context)
+
+
+def tables(
+    runs: Sequence[Run],
+    frame: pd.DataFrame,
+    envs: Environments,
+    problems: list[str],
+    cases: list[tuple[str, pd.DataFrame]],
+    metadata: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    """What the report shows but its plots and comparison."""
+    return {
         "title": "ampmatrix report",
         "generated_at": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "runs": [{"name": run.name, "path": str(run.run_dir)} for run in runs],
@@ -473,15 +504,8 @@ def render_report(runs: Sequence[Run], comparison: Comparison | None = None) -> 
         "modes": [(mode.name, mode.meaning) for mode in MODES.values()],
         "matrix": matrix_view(frame, envs) if not frame.empty else MatrixView([], [], []),
         "versions": version_rows(frame) if not frame.empty else EMPTY_VERSIONS,
-        "cases": [
-            case_view(mine, str(case), metadata.get(str(case)), envs)
-            for case, mine in frame.groupby("case")
-        ]
-        if not frame.empty
-        else [],
-        "comparison": comparison,
+        "cases": [case_view(mine, case, metadata.get(case), envs) for case, mine in cases],
     }
-    return template_environment().get_template("report.html.j2").render(**context)
 
 
 def write_report(html: str, out: Path) -> Path:
