@@ -72,11 +72,13 @@ def load_runs_for_report(run_dirs: Sequence[Path], processes: int | None = None)
     since reading and checking a record is most of a large report's time."""
     dirs = [Path(d) for d in run_dirs]
     processes = min(processes or os.cpu_count() or 1, len(dirs))
-    if processes < 2 or results_bytes(dirs) < PARALLEL_BYTES:
-        return [load_rows(d) for d in dirs]
-    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
-    with context.Pool(processes) as pool:  # small chunks: no process left alone at the end
-        return pool.map(load_rows, dirs, chunksize=max(1, len(dirs) // (processes * 16)))
+    with storage.paused_gc():  # the rows received are no garbage: nothing to collect
+        if processes < 2 or results_bytes(dirs) < PARALLEL_BYTES:
+            return [load_rows(d) for d in dirs]
+        context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+        # small chunks: no process left alone at the end
+        with context.Pool(processes) as pool:
+            return pool.map(load_rows, dirs, chunksize=max(1, len(dirs) // (processes * 16)))
 
 
 def results_bytes(dirs: Sequence[Path]) -> int:
@@ -95,11 +97,17 @@ def shared(columns: dict[str, list[Any]]) -> dict[str, list[Any]]:
     """``columns`` with equal values as one object: a run repeats its names, labels and
     messages in every row, and one object is sent between processes (pickled once) and kept
     once, where a copy per row made a large report's memory."""
-    seen: dict[str, str] = {}
+    seen: dict[str | None, str | None] = {}
     return {
-        name: [seen.setdefault(v, v) if type(v) is str else v for v in values]
+        name: list(map(seen.setdefault, values, values))
+        if TEXT.issuperset(map(type, values))
+        else values
         for name, values in columns.items()
     }
+
+
+#: The types of a column of text (numbers are left as they are: ``1 == 1.0 == True``).
+TEXT = frozenset((str, type(None)))
 
 
 def environment_labels(frame: pd.DataFrame, show_host: bool) -> pd.Series:
@@ -236,12 +244,17 @@ def row_order(frame: pd.DataFrame) -> list[tuple[str, str]]:
     return [(p.case, p.row) for p in ordered]
 
 
+#: What the summary matrix reads of the frame (its filters copy only these).
+MATRIX_COLUMNS = ["case", "row", "env", "dtype", "mode", "label", "fix", "size", "torch_version",
+                  "device"]  # fmt: skip
+
+
 def summary_matrix(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows (case, fix), columns (environment, dtype, mode), values the outcome label.
 
     Cells skipped everywhere in a column are left out so the matrix shows what ran.
     """
-    ran = frame[frame["outcome"] != Outcome.SKIPPED.value]
+    ran = frame.loc[frame["outcome"] != Outcome.SKIPPED.value, MATRIX_COLUMNS]
     if ran.empty:
         return pd.DataFrame()
     # each cell's first label (a pivot table's "first", without its aggregation machinery)
@@ -281,7 +294,9 @@ def passing_by_version(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows (case, fix), a column per torch version measured (``passed/ran``: cells that
     pass with no flag, of those that ran), and ``first passing``: the oldest version from
     which the fix passes in every cell that ran, in every later version measured too."""
-    ran = frame[frame["outcome"] != Outcome.SKIPPED.value]
+    ran = frame.loc[
+        frame["outcome"] != Outcome.SKIPPED.value, ["case", "fix", "torch_version", "label"]
+    ]
     versions = sorted(ran["torch_version"].unique(), key=release_key)
     counted = (
         ran.assign(passed=ran["label"] == "passes")
@@ -328,8 +343,9 @@ def _reproduction_text(cells: int, reproduced: int, where: set[str]) -> str:
 
 def fixes_passing_everywhere(case_frame: pd.DataFrame) -> list[str]:
     """Fixes other than ``none`` whose every cell that ran passed, with no flag."""
-    ran = case_frame[
-        (case_frame["outcome"] != Outcome.SKIPPED.value) & (case_frame["fix"] != "none")
+    ran = case_frame.loc[
+        (case_frame["outcome"] != Outcome.SKIPPED.value) & (case_frame["fix"] != "none"),
+        ["fix", "label"],
     ]
     passing = (ran["label"] == "passes").groupby(ran["fix"]).all()
     return [str(fix) for fix, everywhere in passing.items() if everywhere]
@@ -363,6 +379,11 @@ def precision_by_fix(case_frame: pd.DataFrame) -> dict[str, Kept | None]:
     return {str(fix): fix_kept(levels.unique()) for fix, levels in by_fix}
 
 
+#: What a recommendation reads of the frame.
+RECOMMEND_COLUMNS = ["fix", "outcome", "label", "kept", "rel_err", "vs_fastest", "env", "size",
+                     "dtype", "mode", "median_s", "peak_mem_bytes"]  # fmt: skip
+
+
 def recommend(frame: pd.DataFrame, case: str) -> Recommendation:
     """The fix that passes in every environment measured, keeps half precision, and has the
     lowest error and time.
@@ -373,7 +394,9 @@ def recommend(frame: pd.DataFrame, case: str) -> Recommendation:
     median time (relative to the fastest passing fix) wins; when no single fix is best at
     both, the sum of its two ranks decides and the reason says what was traded.
     """
-    mine = frame[(frame["case"] == case) & (frame["outcome"] != Outcome.SKIPPED.value)]
+    mine = frame.loc[
+        (frame["case"] == case) & (frame["outcome"] != Outcome.SKIPPED.value), RECOMMEND_COLUMNS
+    ]
     candidates = fixes_passing_everywhere(mine)
     if not candidates:
         return Recommendation(case, None, "no fix passes in every environment measured")
