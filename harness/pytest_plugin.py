@@ -5,7 +5,8 @@ Each item runs a batch of one case's cells (one forked process for the batch) an
 each record as its cell ends. An item fails only when the harness itself broke or the
 worker process died; the controller then records the cell that was running as
 ``crashed``, the runner gives the batch's other cells a pass of their own, and the run
-goes on.
+goes on. Timing items each time the columns of one case on one device (the timing plan,
+``timing-plan.json``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,13 @@
 """The run pipeline: discover -> expand -> select -> run -> time -> store.
 
 Each step is a small function taking the previous one's output. Cells run as pytest items
-(see ``harness.pytest_plugin``) so pytest-xdist can spread them over worker processes.
+(see ``harness.pytest_plugin``) so pytest-xdist can spread them over worker processes;
+where one worker would be all, from this process instead (``harness.in_process``).
 
 Two phases: correctness runs in parallel; then the cells that ran are timed with nothing
-else on their device: one worker per device (``xdist_group``), so on the CPU the timing
-phase is serial, and on a GPU box each GPU's cells are timed by the one worker that owns it.
+else on their device: each device's cells one after another (``xdist_group``: one worker
+per device on a GPU box; a run on one device times from its own process), the columns of
+one case in one forked process.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -269,20 +271,18 @@ def measured_seconds(record: CellRecord) -> float:
     return sum(perf.time_samples) * perf.time_block if perf else 0.0
 
 
-def time_cells(
-    run_dir: Path, config: RunConfig, clock: Callable[[], float] = time.monotonic
-) -> tuple[int, TimingPhase | None]:
-    """Timing phase: one worker per device, each timing its device's columns one at a time.
-    Returns pytest's exit code and what the phase spent its time on (None: nothing timed)."""
+def time_cells(run_dir: Path, config: RunConfig) -> tuple[int, TimingPhase | None]:
+    """Timing phase: each device's columns one at a time. Returns the exit code (pytest's,
+    where workers ran) and what the phase spent its time on (None: nothing timed)."""
     records = cells_to_time(run_dir)
     if not records or config.timing is None:
         return 0, None
-    started = clock()
+    started = time.monotonic()
     code = time_columns(run_dir, records, config)
     timed = {r.cell: r for r in storage.read_records(run_dir, problems=[])}
     phase = TimingPhase(
         cells=len(records),
-        wall_s=clock() - started,
+        wall_s=time.monotonic() - started,
         measured_s=sum(measured_seconds(timed[r.cell]) for r in records if r.cell in timed),
     )
     print(phase.line(), flush=True)
@@ -293,7 +293,8 @@ def time_columns(run_dir: Path, records: list[CellRecord], config: RunConfig) ->
     columns = timing_columns(records)
     batches = timing_batches(columns)
     print(
-        f"ampmatrix: timing {len(records)} cells in {len(columns)} groups, one worker per device",
+        f"ampmatrix: timing {len(records)} cells in {len(columns)} groups, "
+        "each device's one after another",
         flush=True,
     )
     devices = {r.cell.device for r in records}
