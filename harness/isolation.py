@@ -334,9 +334,9 @@ def time_columns_isolated(
 ) -> Generator[list[CellRecord], None, None]:
     """Time columns of one case in order, all in one forked child, each column's records
     coming back as it ends: the child's start (fork, thread pool, the profiler's first use,
-    a CUDA context) is paid once, not per column. A column that kills the child or overruns
-    is timed again in a child of its own (``time_column_isolated``), and so is every column
-    after it."""
+    a CUDA context) is paid once, not per column. The cells of a column that kills the
+    child or overruns are then timed each alone, and every column after it in a child of
+    its own (``time_column_isolated``)."""
     settle_worker()
     perf.warm_up()
     stream = ForkedStream(
@@ -353,7 +353,11 @@ def time_columns_isolated(
                 remember_peaks(timed)
                 yield timed
                 continue
-            for rest in columns[n:]:
+            yield [
+                alone_note(time_column_isolated([r], config, worker, limits, threads)[0])
+                for r in column
+            ]
+            for rest in columns[n + 1 :]:
                 yield time_column_isolated(rest, config, worker, limits, threads)
             return
 

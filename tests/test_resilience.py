@@ -251,3 +251,28 @@ def test_reference_and_baseline_run_on_as_many_threads_as_the_cells(tmp_path: Pa
     assert records and all(r.outcome is Outcome.PASSES for r in records), [
         (r.cell.id, r.numerics) for r in records
     ]
+
+
+def test_a_fix_that_kills_the_timing_process_costs_only_its_own_figures(
+    clean_registry: None,
+) -> None:
+    """The columns of one case share a timing process: when a fix kills it, the cells of
+    its column are timed each alone, and the columns after it in a process of their own."""
+    from harness import registry
+    from harness.isolation import Limits, time_columns_isolated
+    from harness.records import Cell
+    from harness.timing import TimingConfig
+
+    registry.discover([CRASH_CASES])
+
+    def passed(fix: str, dtype: str, mode: str) -> CellRecord:
+        return CellRecord(Cell("toy-abort", fix, "cpu", dtype, mode, "eager"), "x", Outcome.PASSES)
+
+    first = [passed("none", "float16", "half"), passed("abort-when-timed", "float16", "half")]
+    second = [passed("none", "float32", "fp32")]
+    config = TimingConfig(budget_s=0.01, min_calls=1)
+    columns = list(time_columns_isolated([first, second], config, "main", Limits(), threads=1))
+    (none, killer), (later,) = columns
+    assert none.perf is not None and "timed alone" in str(none.note)
+    assert killer.perf is None and "died" in str(killer.timing_error)
+    assert later.perf is not None and later.note is None
