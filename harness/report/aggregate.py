@@ -257,10 +257,12 @@ def summary_matrix(frame: pd.DataFrame) -> pd.DataFrame:
     ran = frame.loc[frame["outcome"] != Outcome.SKIPPED.value, MATRIX_COLUMNS]
     if ran.empty:
         return pd.DataFrame()
-    # each cell's first label (a pivot table's "first", without its aggregation machinery)
+    # each cell's first label (a pivot table's "first", without its aggregation machinery);
+    # the first of each row and column is among them, in the same order: they order them
     keys, columns = ["case", "row", "env", "dtype", "mode"], ["env", "dtype", "mode"]
-    table = ran.drop_duplicates(keys).set_index(keys)["label"].unstack(columns)
-    return table.reindex(index=row_order(ran), columns=column_order(ran))
+    firsts = ran.drop_duplicates(keys)
+    table = firsts.set_index(keys)["label"].unstack(columns)
+    return table.reindex(index=row_order(firsts), columns=column_order(firsts))
 
 
 def version_view(frame: pd.DataFrame) -> pd.DataFrame:
