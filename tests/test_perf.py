@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from torch._C._autograd import DeviceType
 from torch.utils.flop_counter import FlopCounterMode
 
 from harness import perf
@@ -199,7 +200,7 @@ def test_a_timing_worker_still_forks_children_that_use_cuda() -> None:
 class FakeEvent:
     def __init__(self, start: int, duration: int, on_cuda: bool = True) -> None:
         self.start, self.duration = start, duration
-        self.kind = perf.DeviceType.CUDA if on_cuda else perf.DeviceType.CPU
+        self.kind = DeviceType.CUDA if on_cuda else DeviceType.CPU
 
     def start_ns(self) -> int:
         return self.start
