@@ -114,9 +114,6 @@ def test_a_crashing_cell_costs_only_itself(tmp_path: Path) -> None:
     assert when_timed.perf is None and "died" in str(when_timed.timing_error)
     # its column was timed in a process of its own: the others are timed alone instead
     assert records["none"].perf is not None and "timed alone" in str(records["none"].note)
-    # the columns after it (one case's columns share a timing process) are timed too
-    nones = [r for r in storage.read_records(only_run_dir(tmp_path)) if r.cell.fix == "none"]
-    assert len({r.cell.column for r in nones}) > 1 and all(r.perf for r in nones)
 
 
 def test_seed_case_reproduces_through_the_cli(tmp_path: Path) -> None:
