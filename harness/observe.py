@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -56,15 +56,28 @@ class _CoreDtypeRecorder(LazyDynamoMode):
         return func(*args, **(kwargs or {}))
 
 
+class CoreSink(Protocol):
+    """A watch already running (the dtype tracer) that records the core's kernels into its
+    ``core`` while one is set."""
+
+    core: CoreObservation | None
+
+
+#: The watches running now, innermost last: ``harness.trail`` registers its tracer here.
+ACTIVE: list[CoreSink] = []
+
+
 @contextmanager
 def record_core_dtypes(observation: CoreObservation) -> Iterator[None]:
     """Record the dtypes core kernels receive while the block runs: through the dtype
     tracer when one is active (correctness runs), else with a dispatch mode of its own."""
-    from harness.trail import ACTIVE, core_of_active_tracer
-
-    if ACTIVE:
-        with core_of_active_tracer(observation):
-            yield
-    else:
+    if not ACTIVE:
         with _CoreDtypeRecorder(observation):
             yield
+        return
+    sink = ACTIVE[-1]
+    previous, sink.core = sink.core, observation
+    try:
+        yield
+    finally:
+        sink.core = previous

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from harness.dispatch_mode import LazyDynamoMode
-from harness.observe import CoreObservation
+from harness.observe import ACTIVE, CoreObservation
 from harness.precision import (
     TENSOR_ATTRIBUTE,
     autocast_enabled,
@@ -677,28 +677,15 @@ def tracing(tracer: DtypeTracer) -> Iterator[DtypeTracer]:
         ACTIVE.remove(tracer)
 
 
-ACTIVE: list[DtypeTracer] = []
-
-
 @lru_cache(maxsize=1)
 def warm_up() -> None:
-    """Enter a dispatch mode once: the first one in a process imports some 800 modules
-    (``torch._dynamo`` and its dependencies, about 2 s). A worker does it before forking its
-    cells, so no cell pays it inside its own time limit."""
+    """Trace one op once, so the first use's one-time work (the profile hook, the tracer's
+    own imports and caches) is done in the worker before it forks its cells, not inside a
+    cell's time limit. (Before the tracer's modes derived from ``LazyDynamoMode``, this
+    also imported ``torch._dynamo``: 1 s and more.)"""
     watch = PythonWatch("cpu")
     with tracing(DtypeTracer(torch.float16, Names(), watch)):
         torch.zeros(1) + 1
-
-
-@contextmanager
-def core_of_active_tracer(observation: CoreObservation) -> Iterator[None]:
-    """Inside ``attention_core()``: the active tracer records the core's kernels there."""
-    tracer = ACTIVE[-1]
-    previous, tracer.core = tracer.core, observation
-    try:
-        yield
-    finally:
-        tracer.core = previous
 
 
 def failure_from_traceback(
