@@ -51,10 +51,17 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
     return None
 
 
+#: How the run tells its workers the torch thread count each of their cells gets.
+THREADS_VARIABLE = "AMPMATRIX_THREADS"
+
+
+def cell_threads() -> int:
+    return int(os.environ.get(THREADS_VARIABLE, "1"))
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    threads = os.environ.get("AMPMATRIX_THREADS")
-    if threads:
-        torch.set_num_threads(int(threads))
+    if os.environ.get(THREADS_VARIABLE):
+        torch.set_num_threads(cell_threads())
     remember_worker_state()
 
 
@@ -121,7 +128,7 @@ class CellsItem(pytest.Item):
         self.trace = trace
 
     def runtest(self) -> None:
-        threads = int(os.environ.get("AMPMATRIX_THREADS", "1"))
+        threads = cell_threads()
         worker = worker_id(self.config)
         labels = []
         for cell, record in zip(self.cells, self.records(worker, threads), strict=True):
@@ -166,7 +173,7 @@ class TimingItem(pytest.Item):
         self.user_properties.append((OUTCOME_KEY, labels))
 
     def timed(self) -> Iterator[list[CellRecord]]:
-        threads = int(os.environ.get("AMPMATRIX_THREADS", "1"))
+        threads = cell_threads()
         columns = list(self.columns.values())
         return timed_columns(columns, self.timing, worker_id(self.config), self.limits, threads)
 

@@ -128,7 +128,9 @@ def run_pytest(args: list[str], controller: Controller, threads: int) -> int:
     the reason and how to finish it."""
     import pytest
 
-    os.environ["AMPMATRIX_THREADS"] = str(threads)
+    from harness.pytest_plugin import THREADS_VARIABLE
+
+    os.environ[THREADS_VARIABLE] = str(threads)
     autoload = os.environ.get(NO_AUTOLOAD)
     os.environ[NO_AUTOLOAD] = "1"  # inherited by the xdist workers
     try:
