@@ -37,7 +37,8 @@ from harness.timing import TimingConfig
 
 OUTCOME_KEY = "ampmatrix_outcome"
 #: How a failed item's message names a record that could not be written.
-NOT_WRITTEN = storage.RecordNotWritten.__name__
+#: The item's property that carries why a record could not be written (a full disk).
+NOT_WRITTEN_KEY = "ampmatrix_not_written"
 
 
 def load_plan(path: Path) -> dict[str, Any]:
@@ -187,6 +188,7 @@ def append_or_stop(item: CellsItem | TimingItem, record: CellRecord) -> None:
     try:
         storage.append_record(item.run_dir, record)
     except storage.RecordNotWritten as error:
+        item.user_properties.append((NOT_WRITTEN_KEY, str(error)))
         stop_session(item.session, str(error))
         raise
 
@@ -243,10 +245,11 @@ class Controller:
         name = item_name(report)
         if name not in self.on_crash or name in self.finished:
             return
-        message = crash_message(report)
-        if NOT_WRITTEN in message:
-            self._stop(report, message.split(NOT_WRITTEN, 1)[1].lstrip(": "))
+        not_written = dict(report.user_properties).get(NOT_WRITTEN_KEY)
+        if not_written is not None:
+            self._stop(report, str(not_written))
             return
+        message = crash_message(report)
         gateway = getattr(getattr(report, "node", None), "gateway", None)
         worker = str(getattr(gateway, "id", "main"))
         try:

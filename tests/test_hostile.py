@@ -117,14 +117,17 @@ def test_torch_settings_are_named_and_put_back() -> None:
     assert torch_state.restore(before) == []
 
 
-def test_a_full_disk_keeps_every_whole_record_stops_and_resumes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", ["2", "0"])  # in a worker, and from the run's process
+def test_a_full_disk_keeps_every_whole_record_stops_and_resumes(
+    tmp_path: Path, workers: str
+) -> None:
     """``RLIMIT_FSIZE`` makes writes past 30 kB fail as a full disk does: a short write, then
     an error. The run stops with one line; what it wrote is whole; ``--resume`` finishes."""
 
     def small_disk() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (30_000, 30_000))
 
-    selection = ("--case", "sana-softmax-float", "--device", "cpu", "--no-timing", "-n", "2")
+    selection = ("--case", "sana-softmax-float", "--device", "cpu", "--no-timing", "-n", workers)
     full = subprocess.run(
         [sys.executable, "-m", "harness", "run", *selection, "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, preexec_fn=small_disk, timeout=300,

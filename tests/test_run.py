@@ -223,3 +223,20 @@ def test_the_columns_of_one_case_and_device_are_timed_in_one_process() -> None:
     assert [len(batch) for batch in batches] == [2, 2]  # two dtypes' columns per device
     assert {next(iter(b.values()))[0].cell.device for b in batches} == {"cpu", "cuda:0"}
     assert all(len(column) == 2 for b in batches for column in b.values())  # both fixes
+
+
+def test_an_item_whose_record_could_not_be_written_stops_the_run_and_records_nothing(
+    tmp_path: Path,
+) -> None:
+    """The item says why in a property of its report (a full disk), not in its text: the
+    controller stops the run and writes no crash record for it."""
+    from harness.pytest_plugin import NOT_WRITTEN_KEY
+
+    crashed: list[str] = []
+    controller = Controller(tmp_path, {"item": lambda message, worker: crashed.append(message)})
+    report = pytest.TestReport(
+        "plan.json::item", ("plan.json", None, "item"), {}, "failed", "an unrelated message",
+        "call", user_properties=[(NOT_WRITTEN_KEY, "cells.jsonl could not be written")],
+    )  # fmt: skip
+    controller.pytest_runtest_logreport(report)
+    assert controller.not_written == "cells.jsonl could not be written" and not crashed
