@@ -233,7 +233,12 @@ def test_an_item_whose_record_could_not_be_written_stops_the_run_and_records_not
     from harness.pytest_plugin import NOT_WRITTEN_KEY
 
     crashed: list[str] = []
-    controller = Controller(tmp_path, {"item": lambda message, worker: crashed.append(message)})
+
+    def on_crash(message: str, worker: str) -> list[CellRecord]:
+        crashed.append(message)
+        return []
+
+    controller = Controller(tmp_path, {"item": on_crash})
     report = pytest.TestReport(
         "plan.json::item", ("plan.json", None, "item"), {}, "failed", "an unrelated message",
         "call", user_properties=[(NOT_WRITTEN_KEY, "cells.jsonl could not be written")],
