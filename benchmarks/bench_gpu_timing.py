@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.utils import benchmark
 
 from harness import perf
-from harness.records import LAUNCH_BOUND
+from harness.records import launch_bound
 from harness.timing import TimingConfig, measure, stopwatch_for
 
 SHAPES = ((1, 1, 16, 16), (1, 4, 64, 32), (2, 8, 256, 64), (4, 16, 1024, 64), (8, 16, 2048, 128))
@@ -57,7 +57,7 @@ def figures(call: Callable[[], Any]) -> dict[str, float]:
 
 
 def row(name: str, got: dict[str, float]) -> str:
-    bound = got["wall"] > LAUNCH_BOUND * got["device"]
+    bound = launch_bound(got["wall"], got["device"])
     speed = got["device"] if bound else got["wall"]
     ratio = speed / got["do_bench"]
     verdict = "agrees" if abs(ratio - 1) <= AGREEMENT else "DIFFERS"

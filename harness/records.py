@@ -185,6 +185,10 @@ class Numerics:
 LAUNCH_BOUND = 2.0
 
 
+def launch_bound(timed_s: float, device_s: float) -> bool:
+    return timed_s > LAUNCH_BOUND * device_s
+
+
 @dataclass(frozen=True)
 class Perf:
     """Speed, throughput and memory of a cell that ran (see ``harness.perf``)."""
@@ -217,7 +221,7 @@ class Perf:
         """The timed figure is more than LAUNCH_BOUND times the device's: the host's Python
         and kernel launches set it, not the kernels."""
         device = self.device_time_s
-        return device is not None and self.time_median_s > LAUNCH_BOUND * device
+        return device is not None and launch_bound(self.time_median_s, device)
 
     @property
     def speed_s(self) -> float:

@@ -280,7 +280,7 @@ def time_cells(run_dir: Path, config: RunConfig) -> tuple[int, TimingPhase | Non
     if not records or config.timing is None:
         return 0, None
     started = time.monotonic()
-    code = time_columns(run_dir, records, config)
+    code = time_columns(run_dir, records, config, config.timing)
     timed = {r.cell: r for r in storage.read_records(run_dir, problems=[])}
     phase = TimingPhase(
         cells=len(records),
@@ -291,7 +291,9 @@ def time_cells(run_dir: Path, config: RunConfig) -> tuple[int, TimingPhase | Non
     return code, phase
 
 
-def time_columns(run_dir: Path, records: list[CellRecord], config: RunConfig) -> int:
+def time_columns(
+    run_dir: Path, records: list[CellRecord], config: RunConfig, timing: TimingConfig
+) -> int:
     columns = timing_columns(records)
     batches = timing_batches(columns)
     print(
@@ -302,7 +304,6 @@ def time_columns(run_dir: Path, records: list[CellRecord], config: RunConfig) ->
     devices = {r.cell.device for r in records}
     threads = (os.cpu_count() or 1) if devices == {"cpu"} else threads_per_worker(len(devices))
     workers = timing_workers(devices)
-    timing = config.timing or TimingConfig()
     if workers == 0:
         return time_batches_here(run_dir, batches, timing, config.limits, threads)
     from harness.pytest_plugin import Controller, timing_crashes

@@ -179,13 +179,13 @@ def measure_interleaved(
     already warm (called and timed by the caller), which then need no warm-up of their own,
     as ``blocked_autorange`` sizes its blocks from one call."""
     watch = stopwatch or ClockStopwatch(clock)
-    started = clock()
     if estimates is None:
         estimates = [warm_up(fn, config, watch, clock) for fn in fns]
         started = clock()
         blocks = [block_size(estimate, config) for estimate in estimates]
         samples: list[list[float]] = [[] for _ in fns]
     else:
+        started = clock()
         blocks, samples = first_samples(fns, estimates, watch, config)
     budget = config.budget_s * len(fns)
     plateau = Plateau(config.plateau_rounds)
