@@ -290,12 +290,13 @@ def heavy_distributions(env: Path) -> list[str]:
 @nox.session(python=False)
 def bisect(session: nox.Session) -> None:
     """`nox -s bisect -- CASE [--fix F] [--dtype D] [run options]`: which torch release
-    changed each cell's outcome, by a search over the release list (see harness/search.py)."""
+    changed each cell's outcome, by a search over the release list
+    (see harness/results/search.py)."""
     if not session.posargs or session.posargs[0].startswith("-"):
         session.error("usage: nox -s bisect -- CASE [--fix FIX] [other `harness run` options]")
     case, *options = session.posargs
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from harness.search import ReleaseSearch, labels_of_run, search_order
+    from harness.results.search import ReleaseSearch, labels_of_run, search_order
 
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     out = Path("results") / f"bisect-{case}-{stamp}"

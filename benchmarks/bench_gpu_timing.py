@@ -20,9 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils import benchmark
 
-from harness import perf
-from harness.records import launch_bound
-from harness.timing import TimingConfig, measure, stopwatch_for
+from harness.measure import perf
+from harness.measure.timing import measure, stopwatch_for
+from harness.schema.config import TimingConfig
+from harness.schema.records import launch_bound
 
 SHAPES = ((1, 1, 16, 16), (1, 4, 64, 32), (2, 8, 256, 64), (4, 16, 1024, 64), (8, 16, 2048, 128))
 AGREEMENT = 0.05

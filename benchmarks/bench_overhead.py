@@ -5,7 +5,7 @@ is well under a millisecond), on the same number of pytest-xdist workers:
 
 - the harness: ``python -m harness run --no-timing`` (every cell isolated in a forked
   process, its record fsynced);
-- plain pytest: one parametrized test per cell calling ``harness.execute.run_cell`` in the
+- plain pytest: one parametrized test per cell calling ``harness.measure.execute.run_cell`` in the
   worker itself, the same comparison against the same float64 reference, no isolation and
   nothing written.
 
@@ -31,8 +31,9 @@ TOY = ROOT / "tests" / "fixtures" / "cases" / "toy_mixed_matmul.py"
 
 PLAIN_TEST = """
 import pytest
-from harness import execute, registry
-from harness.matrix import Selection, expand
+from harness.measure import execute, registry
+from harness.runner.matrix import expand
+from harness.schema.selection import Selection
 
 registry.discover([__CASES__])
 CELLS = expand(registry.all_cases(), Selection(cases=tuple(__NAMES__), devices=("cpu",))).to_run

@@ -26,9 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import storage
 from harness.report.aggregate import load_runs, load_runs_for_report
 from harness.report.compare import compare_runs, render_comparison
+from harness.results import storage
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = sorted((ROOT / "tests" / "data" / "runs").iterdir())

@@ -35,12 +35,12 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from harness import execute, registry  # noqa: E402
-from harness.matrix import expand  # noqa: E402
-from harness.model_case import Matrix, case_name, model_case  # noqa: E402
-from harness.numerics import ROUNDING_FACTOR, rounding_ratio  # noqa: E402
+from harness.measure import execute, registry  # noqa: E402
+from harness.measure.model_case import Matrix, case_name, model_case  # noqa: E402
+from harness.measure.numerics import ROUNDING_FACTOR, rounding_ratio  # noqa: E402
 from harness.plugin import MARK  # noqa: E402
-from harness.records import CellRecord, outcome_label  # noqa: E402
+from harness.runner.matrix import expand  # noqa: E402
+from harness.schema.records import CellRecord, outcome_label  # noqa: E402
 
 #: A bug that costs more than this many times the rounding error must not read as passes.
 BUG_COST = 10.0

@@ -35,8 +35,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from harness.case import Case, FailureSignature, RunContext, Size, Upstream, Workload, fix
-from harness.registry import register
+from harness.measure.case import Case, FailureSignature, RunContext, Size, Upstream, Workload, fix
+from harness.measure.registry import register
 
 
 @dataclass(frozen=True)

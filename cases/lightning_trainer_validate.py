@@ -36,8 +36,8 @@ from cases.lightning_encoder_fastpath import (
     fastpath_disabled,
     record_self_attention,
 )
-from harness.case import Case, FailureSignature, RunContext, Upstream, Workload, fix
-from harness.registry import register
+from harness.measure.case import Case, FailureSignature, RunContext, Upstream, Workload, fix
+from harness.measure.registry import register
 
 LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning")
 Precision = Literal["64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"]

@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.case import Case, FailureSignature, RunContext, Size, Upstream, Workload, fix
-from harness.registry import register
+from harness.measure.case import Case, FailureSignature, RunContext, Size, Upstream, Workload, fix
+from harness.measure.registry import register
 
 
 @dataclass(frozen=True)

@@ -13,19 +13,27 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from harness.case import Case, FailureSignature, RunContext, Size, Upstream, Workload, fix
+    from harness.measure.case import (
+        Case,
+        FailureSignature,
+        RunContext,
+        Size,
+        Upstream,
+        Workload,
+        fix,
+    )
+    from harness.measure.registry import register
     from harness.plugin import check_model
-    from harness.registry import register
 
 AUTHORING_API = {
-    "Case": "harness.case",
-    "FailureSignature": "harness.case",
-    "RunContext": "harness.case",
-    "Size": "harness.case",
-    "Upstream": "harness.case",
-    "Workload": "harness.case",
-    "fix": "harness.case",
-    "register": "harness.registry",
+    "Case": "harness.measure.case",
+    "FailureSignature": "harness.measure.case",
+    "RunContext": "harness.measure.case",
+    "Size": "harness.measure.case",
+    "Upstream": "harness.measure.case",
+    "Workload": "harness.measure.case",
+    "fix": "harness.measure.case",
+    "register": "harness.measure.registry",
     "check_model": "harness.plugin",
 }
 

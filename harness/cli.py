@@ -11,19 +11,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness import storage
-from harness.axes import MODES
-from harness.records import Cell
-from harness.speed import ALPHA, MIN_RATIO
-from harness.timing import TimingConfig
+from harness.results import storage
+from harness.results.speed import ALPHA, MIN_RATIO
+from harness.schema.axes import MODES
+from harness.schema.config import TimingConfig
+from harness.schema.records import Cell
 
 if TYPE_CHECKING:
-    from harness.case import Case
-    from harness.config import RunConfig
-    from harness.matrix import Selection
+    from harness.measure.case import Case
+    from harness.schema.config import RunConfig
+    from harness.schema.selection import Selection
 
-# The run machinery (``harness.run``, ``harness.config``, ``harness.case``, ...) imports torch,
-# which takes seconds: it is imported inside the commands that run cells (``list``, ``run``,
+# The run machinery (``harness.runner``, ``harness.measure``) imports torch, which takes
+# seconds: it is imported inside the commands that run cells (``list``, ``run``,
 # ``check``), never by ``report``, ``compare`` or ``bisect``, which only read results files.
 
 #: ``--flag`` -> the Selection field it fills.
@@ -76,8 +76,7 @@ def add_cases_dir(parser: argparse.ArgumentParser) -> None:
 def add_run_options(parser: argparse.ArgumentParser, axes: tuple[str, ...]) -> None:
     """The options ``run`` and ``check`` share: the selection flags of ``axes``, where the
     results go, workers, timing, limits."""
-    from harness.config import RunConfig
-    from harness.isolation import DEFAULT_TIMEOUT_S
+    from harness.schema.config import DEFAULT_TIMEOUT_S, RunConfig
 
     for axis in axes:
         parser.add_argument(
@@ -231,8 +230,8 @@ def fill_check_parser(check: argparse.ArgumentParser) -> None:
 
 def command_check(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """``run`` over the models the targets build: same pipeline, results and report."""
-    from harness.model_case import target_name
-    from harness.run import run
+    from harness.measure.model_case import target_name
+    from harness.runner.run import run
 
     names = tuple(target_name(t) for t in args.targets)
     config = replace(
@@ -351,7 +350,7 @@ def describe_case(case: Case) -> list[str]:
 
 def size_lines(case: Case) -> list[str]:
     """Each declared size with its dimensions and, past the small one, its source."""
-    from harness.case import size_metadata
+    from harness.measure.case import size_metadata
 
     lines = []
     for size in case.sizes:
@@ -364,7 +363,7 @@ def size_lines(case: Case) -> list[str]:
 
 
 def command_list(args: argparse.Namespace) -> int:
-    from harness.run import discover_cases
+    from harness.runner.run import discover_cases
 
     for case in discover_cases(args.cases_dir):
         print("\n".join(describe_case(case)), end="\n\n")
@@ -377,7 +376,7 @@ def command_list(args: argparse.Namespace) -> int:
 def selection_from(args: argparse.Namespace) -> Selection:
     """The selection flags; one given with no name at all (``--case ""``) is refused rather
     than read as "every case"."""
-    from harness.matrix import Selection, SelectionError
+    from harness.schema.selection import Selection, SelectionError
 
     values = {}
     for flag, field in AXIS_FLAGS.items():
@@ -389,7 +388,7 @@ def selection_from(args: argparse.Namespace) -> Selection:
 
 
 def command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from harness.run import run
+    from harness.runner.run import run
 
     if args.resume:
         return command_resume(args)
@@ -398,8 +397,7 @@ def command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def config_from(args: argparse.Namespace, argv: Sequence[str]) -> RunConfig:
     """The run's one configuration, built once from the command line."""
-    from harness.config import RunConfig
-    from harness.isolation import Limits
+    from harness.schema.config import Limits, RunConfig
 
     timing = TimingConfig(budget_s=args.time_budget, flush_l2=args.flush_l2)
     return RunConfig(
@@ -419,8 +417,8 @@ def config_from(args: argparse.Namespace, argv: Sequence[str]) -> RunConfig:
 
 
 def command_resume(args: argparse.Namespace) -> int:
-    from harness.matrix import SelectionError
-    from harness.run import resume
+    from harness.runner.run import resume
+    from harness.schema.selection import SelectionError
 
     chosen = [f"--{flag}" for flag in AXIS_FLAGS if getattr(args, flag)]
     if chosen or args.cases_dir:
@@ -441,8 +439,8 @@ MAX_MISSING_SHOWN = 20
 def show_run(run_dir: Path, report_dir: Path | None) -> int:
     """The summary of a finished run, its path, and its report when asked for. A run
     that left planned cells without a record names them and exits ``INCOMPLETE``."""
-    from harness.run import missing_cells
-    from harness.summary import render_summary
+    from harness.results.summary import render_summary
+    from harness.runner.run import missing_cells
 
     records = storage.read_records(run_dir)
     print()
@@ -563,7 +561,7 @@ class NoRecordChosen(ValueError):
 
 
 def command_bisect(args: argparse.Namespace) -> int:
-    from harness.versions import render_bisect
+    from harness.results.versions import render_bisect
 
     cases, fixes = split_values(args.case), split_values(args.fix)
     records = []
@@ -587,9 +585,9 @@ def command_bisect(args: argparse.Namespace) -> int:
 #: The errors of the run machinery that end a command with one line, by module: a module
 #: that was not imported (it imports torch: ``report`` never imports it) raised none.
 RUN_ERRORS = (
-    ("harness.registry", "CaseContractError"),
-    ("harness.matrix", "SelectionError"),
-    ("harness.model_case", "ModelCheckError"),
+    ("harness.measure.registry", "CaseContractError"),
+    ("harness.runner.matrix", "SelectionError"),
+    ("harness.measure.model_case", "ModelCheckError"),
 )
 
 

@@ -8,7 +8,7 @@ Installed with ampmatrix (the ``pytest11`` entry point ``ampmatrix``)::
     def test_my_block():
         return MyBlock(64), {"x": torch.randn(2, 16, 64)}
 
-The function is a factory (see :mod:`harness.model_case`); pytest runs one item per cell,
+The function is a factory (see :mod:`harness.measure.model_case`); pytest runs one item per cell,
 ``test_my_block[float16-half]`` and so on, plus the float32 control. A cell passes when the
 output is finite and within tolerance of the same model in float64, with no flag (a mode's
 promise the model broke); otherwise it fails with what raised or drifted and where float32
@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from harness.case import Case
-    from harness.model_case import Matrix
-    from harness.records import Cell, CellRecord
+    from harness.measure.case import Case
+    from harness.measure.model_case import Matrix
+    from harness.schema.records import Cell, CellRecord
 
 MARK = "__ampmatrix_model__"
 CELL_ARG = "ampmatrix_cell"
@@ -48,8 +48,8 @@ class ModelTest:
     expect: Mapping[str, str] = field(default_factory=dict)
 
     def case(self, name: str, source: str) -> Case:
-        from harness import registry
-        from harness.model_case import model_case
+        from harness.measure import registry
+        from harness.measure.model_case import model_case
 
         return registry.find(name) or model_case(name, self.factory, self.matrix, source)
 
@@ -72,7 +72,7 @@ def check_model(
     joined by ``/``) to the outcome label accepted there, e.g. ``"raises"`` or
     ``"passes[drift]"``.
     """
-    from harness.model_case import Matrix  # torch is imported here, by a test module
+    from harness.measure.model_case import Matrix  # torch is imported here, by a test module
 
     matrix = Matrix(devices, dtypes, modes, backends, compiles, keep_fp32)
 
@@ -118,8 +118,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     spec: ModelTest | None = getattr(metafunc.function, MARK, None)
     if spec is None:
         return
-    from harness.matrix import expand
-    from harness.model_case import case_name
+    from harness.measure.model_case import case_name
+    from harness.runner.matrix import expand
 
     case = spec.case(case_name(metafunc.function.__name__), str(metafunc.definition.path))
     plan = expand([case])
@@ -145,7 +145,7 @@ def cell_id(cell: Cell, cells: list[Cell]) -> str:
 
 def run_model_cell(spec: ModelTest, cell: Cell) -> None:
     """Run the cell, keep its record where asked, and pass, xfail or fail the test."""
-    from harness import execute
+    from harness.measure import execute
 
     record = execute.run_cell(cell)
     if _RESULTS is not None:
@@ -161,7 +161,7 @@ def expected_label(expect: Mapping[str, str], cell: Cell) -> str | None:
 
 
 def verdict(record: CellRecord, expected: str | None) -> None:
-    from harness.records import Outcome, outcome_label
+    from harness.schema.records import Outcome, outcome_label
 
     label = outcome_label(record)
     plain_pass = record.outcome is Outcome.PASSES and not record.flags
@@ -181,7 +181,7 @@ def verdict(record: CellRecord, expected: str | None) -> None:
 def failure_message(record: CellRecord) -> str:
     """What went wrong, as a user can act on it: the error or the error figures, the flags,
     and where a wider dtype entered and which op refused it (the dtype trail)."""
-    from harness.summary import failure_line
+    from harness.results.summary import failure_line
 
     parts = [f"{record.cell.device} {record.cell.dtype}/{record.cell.mode}"]
     line = failure_line(record)
@@ -200,8 +200,9 @@ def keep_record(run_dir: Path, record: CellRecord) -> None:
     (written by the first process that needs them; several pytest-xdist workers share it)."""
     import json
 
-    from harness import registry, storage
-    from harness.environment import capture_environment
+    from harness.measure import registry
+    from harness.measure.environment import capture_environment
+    from harness.results import storage
 
     run_dir.mkdir(parents=True, exist_ok=True)
     with storage.metadata_lock(run_dir):

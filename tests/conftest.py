@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import execute, registry
+from harness.measure import execute, registry
 
 pytest_plugins = ["pytester"]
 

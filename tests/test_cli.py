@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import storage
-from harness.records import CrashKind, Outcome
+from harness.results import storage
+from harness.schema.records import CrashKind, Outcome
 from tests.conftest import BROKEN_CASES, FIXTURES, TOY_CASES, harness, only_run_dir
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness import execute
-from harness.records import Cell, CrashKind, Outcome
+from harness.measure import execute
+from harness.schema.records import Cell, CrashKind, Outcome
 
 
 def toy_cell(fix: str, dtype: str = "float16", mode: str = "half") -> Cell:
@@ -97,7 +97,7 @@ def test_skipped_and_crashed_records_carry_their_reason() -> None:
 def test_a_seed_cell_run_twice_gives_bit_identical_output(cell: Cell) -> None:
     import torch
 
-    from harness import registry
+    from harness.measure import registry
 
     registry.discover()
     case = registry.get(cell.case)

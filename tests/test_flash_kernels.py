@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import torch
 
-from harness import environment, execute, flash_kernels, registry
-from harness.flash_kernels import FLASH_ATTN_2, FLASH_ATTN_4, FlashPackage
-from harness.records import Cell, CellRecord, Outcome
+from harness.measure import environment, execute, flash_kernels, registry
+from harness.measure.flash_kernels import FLASH_ATTN_2, FLASH_ATTN_4, FlashPackage
+from harness.schema.records import Cell, CellRecord, Outcome
 
 #: What each package raised for VAR's float32 query (flash-attn 4 measured on an H100 and
 #: on this CPU, flash-attn 2 from its source): (error type, message).

@@ -24,13 +24,13 @@ from typing import Any
 import pytest
 import torch
 
-from harness import storage
-from harness.config import RunConfig
-from harness.matrix import SelectionError
-from harness.records import CellRecord
 from harness.report import aggregate, compare, plots, render
-from harness.run import missing_cells, saved_state
-from harness.versions import render_bisect
+from harness.results import storage
+from harness.results.versions import render_bisect
+from harness.runner.run import missing_cells, saved_state
+from harness.schema.config import RunConfig
+from harness.schema.records import CellRecord
+from harness.schema.selection import SelectionError
 from tests.conftest import ROOT
 
 SOURCE = ROOT / "tests" / "data" / "runs" / "torch-2.13.0"

@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import cli, storage, torch_state
-from harness.records import CellRecord, CrashKind, Outcome
-from harness.run import missing_cells
+from harness import cli
+from harness.measure import torch_state
+from harness.results import storage
+from harness.runner.run import missing_cells
+from harness.schema.records import CellRecord, CrashKind, Outcome
 from tests.conftest import FIXTURES, ROOT, TOY_CASES, harness, only_run_dir
 
 HOSTILE_CASES = FIXTURES / "hostile_cases"
@@ -171,7 +173,7 @@ def test_a_short_write_leaves_no_part_of_the_record(
 
 
 def storage_record() -> CellRecord:
-    from harness.records import Cell
+    from harness.schema.records import Cell
 
     cell = Cell("c", "none", "cpu", "float16", "half", "eager")
     return CellRecord(cell=cell, torch_version="2.13.0", outcome=Outcome.PASSES)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness.kept import Kept, fix_kept, kept
-from harness.records import Cell, CellRecord, Outcome
-from harness.trail_records import Trail
+from harness.results.kept import Kept, fix_kept, kept
+from harness.schema.records import Cell, CellRecord, Outcome
+from harness.schema.trail_records import Trail
 
 
 def record(

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from harness import environment, matrix, registry
-from harness.case import Case
-from harness.matrix import Selection, SelectionError, check_selection, expand
-from harness.records import Cell
+from harness.measure import environment, registry
+from harness.measure.case import Case
+from harness.runner import matrix
+from harness.runner.matrix import check_selection, expand
+from harness.schema.records import Cell
+from harness.schema.selection import Selection, SelectionError
 
 
 @pytest.fixture
@@ -76,7 +78,7 @@ def test_unknown_names_are_refused_with_suggestions(
 
 
 def test_backend_skip_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness import environment, flash_kernels
+    from harness.measure import environment, flash_kernels
 
     monkeypatch.setattr(flash_kernels, "installed_version", lambda dist: None)
     assert "neither flash-attn 2" in str(environment.backend_skip_reason("cuda:0", "flash-attn"))

@@ -12,7 +12,7 @@ from types import ModuleType
 
 import pytest
 
-from harness.search import search_order
+from harness.results.search import search_order
 
 ROOT = Path(__file__).resolve().parent.parent
 

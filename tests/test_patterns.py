@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import storage
-from harness.records import Cell, CellRecord, Outcome
+from harness.results import storage
+from harness.schema.records import Cell, CellRecord, Outcome
 
 DATA = Path(__file__).parent / "data"
 VERSIONS = ("2.13.0", "2.4.1")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import peaks, perf
+from harness.measure import peaks, perf
 
 
 @pytest.fixture(autouse=True)

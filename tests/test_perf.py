@@ -11,16 +11,16 @@ import torch
 from torch._C._autograd import DeviceType
 from torch.utils.flop_counter import FlopCounterMode
 
-from harness import perf
-from harness.records import Cell, CellRecord, Outcome, Perf
-from harness.speed import (
+from harness.measure import perf
+from harness.measure.timing import Timing
+from harness.results.speed import (
     interquartile_range,
     median_of,
     rank_with_ties,
     record_key,
     speed_ratios,
 )
-from harness.timing import Timing
+from harness.schema.records import Cell, CellRecord, Outcome, Perf
 from tests.conftest import ROOT
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import storage
+from harness.results import storage
 from tests.conftest import PLUGIN_ARGS, harness
 
 PROMOTING = '''

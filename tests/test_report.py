@@ -17,13 +17,13 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from harness import storage
-from harness.kept import Kept
-from harness.records import Flag
 from harness.report import aggregate, grouping, render
 from harness.report.compare import compare_runs, render_comparison
 from harness.report.render import render_report, write_report
-from harness.trail_records import Promotion, Site, Trail
+from harness.results import storage
+from harness.results.kept import Kept
+from harness.schema.records import Flag
+from harness.schema.trail_records import Promotion, Site, Trail
 from tests.conftest import harness
 
 DATA = Path(__file__).parent / "data" / "runs"
@@ -487,8 +487,8 @@ def test_runs_read_in_parallel_give_the_same_frame(monkeypatch: pytest.MonkeyPat
 
 #: What reads results files: none of it may import torch (its import alone takes seconds,
 #: and a report is rendered where no torch is installed, from a CI artifact say).
-READ_SIDE = ("harness.storage", "harness.records", "harness.summary", "harness.speed",
-             "harness.versions", "harness.cli")  # fmt: skip
+READ_SIDE = ("harness.results.storage", "harness.schema.records", "harness.results.summary",
+             "harness.results.speed", "harness.results.versions", "harness.cli")  # fmt: skip
 
 NO_TORCH_SCRIPT = """
 import importlib, json, pkgutil, runpy, sys

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import storage
-from harness.records import SCHEMA_VERSION, CellRecord, Outcome
+from harness.results import storage
+from harness.schema.records import SCHEMA_VERSION, CellRecord, Outcome
 from tests.conftest import FIXTURES, ROOT, TOY_CASES, harness, only_run_dir, run_cases
 
 CRASH_CASES = FIXTURES / "crash_cases"
@@ -258,10 +258,10 @@ def test_a_fix_that_kills_the_timing_process_costs_only_its_own_figures(
 ) -> None:
     """The columns of one case share a timing process: when a fix kills it, the cells of
     its column are timed each alone, and the columns after it in a process of their own."""
-    from harness import registry
-    from harness.isolation import Limits, time_columns_isolated
-    from harness.records import Cell
-    from harness.timing import TimingConfig
+    from harness.measure import registry
+    from harness.runner.isolation import time_columns_isolated
+    from harness.schema.config import Limits, TimingConfig
+    from harness.schema.records import Cell
 
     registry.discover([CRASH_CASES])
 

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import isolation, run, storage
-from harness.config import RunConfig
-from harness.pytest_plugin import Controller
-from harness.records import Cell, CellRecord, Outcome
-from harness.timing import ClockStopwatch, CudaEventStopwatch, stopwatch_for
+from harness.measure.timing import ClockStopwatch, CudaEventStopwatch, stopwatch_for
+from harness.results import storage
+from harness.runner import isolation, run
+from harness.runner.cell_items import Controller
+from harness.schema.config import RunConfig
+from harness.schema.records import Cell, CellRecord, Outcome
 
 
 def ran(fix: str, device: str, dtype: str = "float16") -> CellRecord:
@@ -106,7 +107,7 @@ def test_gpu_cells_are_grouped_per_device_in_the_correctness_phase(
     plan = pytester.path / storage.PLAN_FILE
     batches = [[cell] for cell in cells]
     plan.write_text(json.dumps({"run_dir": str(pytester.path), "batches": batches}))
-    items, _ = pytester.inline_genitems(str(plan), "-p", "harness.pytest_plugin")
+    items, _ = pytester.inline_genitems(str(plan), "-p", "harness.runner.cell_items")
     groups = {item.name: [m.args[0] for m in item.iter_markers("xdist_group")] for item in items}
     assert groups == {
         "c[none,cpu,float16,half,sdpa]": [],
@@ -138,7 +139,7 @@ def test_cuda_devices_are_timed_with_events_and_cpu_with_the_host_clock() -> Non
 
 
 def test_measured_peaks_collect_per_device_and_dtype() -> None:
-    from harness.records import Perf
+    from harness.schema.records import Perf
 
     def with_peak(record: CellRecord, peak: float) -> CellRecord:
         perf = Perf([1.0], 1, 1.0, 0.0, 1.0, 1, False, "t", 1, 0, None, peak, None, 0, "m")
@@ -153,7 +154,7 @@ def test_measured_peaks_collect_per_device_and_dtype() -> None:
 def test_a_crash_is_described_by_pytests_message_not_its_report_objects() -> None:
     from types import SimpleNamespace
 
-    from harness.pytest_plugin import crash_message
+    from harness.runner.cell_items import crash_message
 
     crash = SimpleNamespace(message="worker 'gw0' crashed while running 'cell'")
     report = SimpleNamespace(longrepr=SimpleNamespace(reprcrash=crash))
@@ -162,9 +163,8 @@ def test_a_crash_is_described_by_pytests_message_not_its_report_objects() -> Non
 
 
 def test_the_run_config_round_trips_and_reads_older_run_plans(tmp_path: Path) -> None:
-    from harness.isolation import Limits
-    from harness.matrix import Selection
-    from harness.timing import TimingConfig
+    from harness.schema.config import Limits, TimingConfig
+    from harness.schema.selection import Selection
 
     config = RunConfig(
         selection=Selection(cases=("a",), modes=("half-autocast",)),
@@ -230,7 +230,7 @@ def test_an_item_whose_record_could_not_be_written_stops_the_run_and_records_not
 ) -> None:
     """The item says why in a property of its report (a full disk), not in its text: the
     controller stops the run and writes no crash record for it."""
-    from harness.pytest_plugin import NOT_WRITTEN_KEY
+    from harness.runner.cell_items import NOT_WRITTEN_KEY
 
     crashed: list[str] = []
 

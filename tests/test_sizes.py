@@ -7,14 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from harness import matrix, registry, storage
-from harness.case import Case, Size
-from harness.matrix import Selection, SelectionError, check_selection, expand
-from harness.records import Cell, CellRecord, Outcome, Perf
-from harness.registry import contract_problems
-from harness.run import timed_sizes
-from harness.speed import speed_ratios
-from harness.summary import render_summary
+from harness.measure import registry
+from harness.measure.case import Case, Size
+from harness.measure.registry import contract_problems
+from harness.results import storage
+from harness.results.speed import speed_ratios
+from harness.results.summary import render_summary
+from harness.runner import matrix
+from harness.runner.matrix import check_selection, expand
+from harness.runner.run import timed_sizes
+from harness.schema.records import Cell, CellRecord, Outcome, Perf
+from harness.schema.selection import Selection, SelectionError
 from tests.conftest import FIXTURES, harness, only_run_dir
 
 SIZED_CASES = FIXTURES / "sized_cases"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import storage
-from harness.records import (
+from harness.results import storage
+from harness.schema.records import (
     SCHEMA_VERSION,
     Cell,
     CellRecord,
@@ -17,7 +17,7 @@ from harness.records import (
     Numerics,
     Outcome,
 )
-from harness.trail_records import Promotion, Site, Trail
+from harness.schema.trail_records import Promotion, Site, Trail
 
 CELL = Cell("case-a", "none", "cpu", "float16", "half", "sdpa")
 RECORDS = [

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from harness.records import Cell, CellRecord, Outcome
-from harness.summary import noise_statement, render_summary
+from harness.results.summary import noise_statement, render_summary
+from harness.schema.records import Cell, CellRecord, Outcome
 
 
 def record(
@@ -72,7 +72,7 @@ def test_backends_become_part_of_the_row_when_several_ran() -> None:
 
 
 def test_a_raising_cell_shows_its_dtype_trail() -> None:
-    from harness.trail_records import Promotion, Site, Trail
+    from harness.schema.trail_records import Promotion, Site, Trail
 
     trail = Trail(
         promotion=Promotion(

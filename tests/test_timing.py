@@ -8,16 +8,16 @@ from dataclasses import replace
 
 import pytest
 
-from harness.timing import (
+from harness.measure.timing import (
     ClockStopwatch,
     Plateau,
     Timing,
-    TimingConfig,
     block_size,
     measure,
     measure_interleaved,
-    quartiles,
 )
+from harness.schema.config import TimingConfig
+from harness.schema.stats import quartiles
 
 
 class FakeClock:

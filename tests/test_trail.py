@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness import execute, registry
-from harness.records import Cell, Outcome
-from harness.trail import DtypeTracer, Names, PythonWatch, tracing, watch_python
-from harness.trail_records import Promotion, Site, Trail
+from harness.measure import execute, registry
+from harness.measure.trail import DtypeTracer, Names, PythonWatch, tracing, watch_python
+from harness.schema.records import Cell, Outcome
+from harness.schema.trail_records import Promotion, Site, Trail
 
 HERE = Path(__file__).name
 TORCH_2_4 = torch.__version__.startswith("2.4.")

@@ -14,14 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness import execute, registry
-from harness.case import Case, RunContext, Workload, fix
-from harness.matrix import expand
-from harness.model_case import Matrix, model_case
-from harness.numerics import ROUNDING_FACTOR, rounding_ratio
-from harness.precision import ISLAND_NOTE, UNDONE_UPCAST
-from harness.records import DRIFT, Cell, CellRecord, Outcome, outcome_label
-from harness.rounding import noise_source, round_to
+from harness.measure import execute, registry
+from harness.measure.case import Case, RunContext, Workload, fix
+from harness.measure.model_case import Matrix, model_case
+from harness.measure.numerics import ROUNDING_FACTOR, rounding_ratio
+from harness.measure.precision import ISLAND_NOTE, UNDONE_UPCAST
+from harness.measure.rounding import noise_source, round_to
+from harness.runner.matrix import expand
+from harness.schema.records import DRIFT, Cell, CellRecord, Outcome, outcome_label
 from zoo.silent_bugs import PAIRS
 
 HERE = Path(__file__).name
@@ -288,7 +288,7 @@ def test_a_gpu_float32_control_with_tf32_on_is_judged_against_tf32(
 
 
 def test_kernel_flops_from_shapes() -> None:
-    from harness.trail import kernel_flops
+    from harness.measure.trail import kernel_flops
 
     a, b = torch.empty(3, 5, 7), torch.empty(3, 7, 2)
     assert kernel_flops(torch.ops.aten.bmm.default, [a, b], []) == 2 * 3 * 5 * 7 * 2

@@ -5,11 +5,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from harness import storage
-from harness.records import Cell, CellRecord, Outcome
 from harness.report.compare import pair_runs
-from harness.search import release_key
-from harness.versions import outcome_changes, render_bisect
+from harness.results import storage
+from harness.results.search import release_key
+from harness.results.versions import outcome_changes, render_bisect
+from harness.schema.records import Cell, CellRecord, Outcome
 
 DATA = Path(__file__).parent / "data" / "runs"
 

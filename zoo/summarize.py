@@ -10,9 +10,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from harness import storage
-from harness.records import CrashKind, Outcome
-from harness.summary import render_summary
+from harness.results import storage
+from harness.results.summary import render_summary
+from harness.schema.records import CrashKind, Outcome
 
 NOT_A_VERDICT = (CrashKind.HARNESS, CrashKind.CONTRACT, CrashKind.WORKLOAD_FAILED)
 

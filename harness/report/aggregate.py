@@ -19,13 +19,21 @@ from typing import Any
 
 import pandas as pd
 
-from harness import storage
-from harness.axes import DTYPES, MODE_NAMES, SIZES, SMALL_SIZE, rank
-from harness.kept import Kept, fix_kept, kept
-from harness.records import DRIFT, REPRODUCES, Cell, CellRecord, Outcome, base_label, outcome_label
-from harness.search import release_key
-from harness.speed import SpeedRatios, record_key, speed_ratios
-from harness.summary import failure_line
+from harness.results import storage
+from harness.results.kept import Kept, fix_kept, kept
+from harness.results.search import release_key
+from harness.results.speed import SpeedRatios, record_key, speed_ratios
+from harness.results.summary import failure_line
+from harness.schema.axes import DTYPES, MODE_NAMES, SIZES, SMALL_SIZE, rank
+from harness.schema.records import (
+    DRIFT,
+    REPRODUCES,
+    Cell,
+    CellRecord,
+    Outcome,
+    base_label,
+    outcome_label,
+)
 
 
 @dataclass
@@ -376,7 +384,7 @@ FALLBACK_CRITERION = (
 
 
 def precision_by_fix(case_frame: pd.DataFrame) -> dict[str, Kept | None]:
-    """Each fix's precision over the low-precision cells that ran (see ``harness.kept``)."""
+    """Each fix's precision over the low-precision cells that ran (``harness.results.kept``)."""
     by_fix = case_frame.groupby("fix")["kept"]
     return {str(fix): fix_kept(levels.unique()) for fix, levels in by_fix}
 

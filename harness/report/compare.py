@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import storage
-from harness.records import Cell, CellRecord, Outcome, outcome_label
 from harness.report.aggregate import Run
-from harness.speed import ALPHA, MIN_RATIO
-from harness.summary import format_rows
+from harness.results import storage
+from harness.results.speed import ALPHA, MIN_RATIO
+from harness.results.summary import format_rows
+from harness.schema.records import Cell, CellRecord, Outcome, outcome_label
 
 NOT_OK = (Outcome.RAISES, Outcome.INACCURATE, Outcome.CRASHED, Outcome.TIMEOUT)
 

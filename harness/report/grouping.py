@@ -17,8 +17,8 @@ from typing import Any
 
 import pandas as pd
 
-from harness.axes import DTYPES, MODE_NAMES, rank
-from harness.search import release_key
+from harness.results.search import release_key
+from harness.schema.axes import DTYPES, MODE_NAMES, rank
 
 #: What makes two measurements the same cell in different environments.
 CELL_KEY = ("row", "dtype", "mode", "size")

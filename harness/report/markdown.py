@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from harness.records import LABELS
 from harness.report import aggregate
 from harness.report.aggregate import Run
+from harness.schema.records import LABELS
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:

@@ -21,14 +21,14 @@ import pandas as pd
 if TYPE_CHECKING:
     import jinja2
 
-from harness import storage
-from harness.axes import MODES, SIZES, rank
-from harness.records import DRIFT, LABELS
 from harness.report import aggregate, grouping, plots
 from harness.report.aggregate import Run
 from harness.report.compare import Comparison
 from harness.report.grouping import Environments, EnvironmentSet
-from harness.summary import noise_statement
+from harness.results import storage
+from harness.results.summary import noise_statement
+from harness.schema.axes import MODES, SIZES, rank
+from harness.schema.records import DRIFT, LABELS
 
 LEGEND = (
     *((label.text, label.css, label.meaning) for label in LABELS),

@@ -1,0 +1,233 @@
+"""Your own model through the matrix: a case made from a factory of a model and its inputs.
+
+A factory is a function that returns the model and example inputs, in float32 on the CPU,
+with random weights if you like (the harness seeds the RNG first)::
+
+    def my_block():
+        return MyBlock(dim=64), {"x": torch.randn(2, 16, 64)}
+
+It may take one argument, the cell's :class:`~harness.measure.case.RunContext`, to build for the
+cell's backend (``ctx.backend``: ``"sdpa"`` or ``"eager"`` attention, say). Inputs are a dict
+of keyword arguments, a tuple or list of positional ones, or one tensor; a third element,
+a function ``forward(model, inputs)``, picks what is compared (one output of a model that
+returns a cache, say). The harness applies each cell's device and precision, calls the
+model, and judges the output against the same model in float64, with the rules, flags and
+dtype trail of the built-in cases. The pytest plugin (:mod:`harness.plugin`) and
+``python -m harness check MODULE:FACTORY`` both build on this.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from harness.measure import registry
+from harness.measure.case import Case, RunContext, Upstream, Workload, fix
+from harness.schema.axes import CONTROL_MODE, DEVICE_KINDS, LOW_PRECISION_DTYPES
+from harness.schema.config import RunConfig
+from harness.schema.selection import Selection
+
+#: The keys under which positional inputs, and the forward function where the factory
+#: gave one, travel in a workload's inputs (values that are not tensors stay as they are).
+POSITIONAL = "*args"
+FORWARD = "*forward"
+
+Factory = Callable[..., Any]
+Forward = Callable[[Any, dict[str, Any]], Any]
+
+
+class ModelCheckError(ValueError):
+    """A factory or target that cannot be checked, said in one line."""
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """The cells a model check asks for (the fp32 control is always added)."""
+
+    devices: tuple[str, ...] = ("cpu",)
+    dtypes: tuple[str, ...] = LOW_PRECISION_DTYPES
+    modes: tuple[str, ...] = ("autocast", "half")
+    backends: tuple[str, ...] = ("sdpa",)
+    compiles: tuple[str, ...] = ("eager",)
+    #: Modules or parameters (dotted names) that stay float32 when the model is cast, as
+    #: transformers' ``_keep_in_fp32_modules`` keeps them.
+    keep_fp32: tuple[str, ...] = ()
+
+
+def case_name(text: str) -> str:
+    """A case name from a function or module name: ``test_T5_block`` -> ``test-t5-block``."""
+    name = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    if not name:
+        raise ModelCheckError(f"{text!r} gives no usable case name")
+    return name
+
+
+def call_factory(factory: Factory, ctx: RunContext) -> Any:
+    """The factory's result; it is given the cell's context where it takes an argument."""
+    takes_ctx = bool(inspect.signature(factory).parameters)
+    return factory(ctx) if takes_ctx else factory()
+
+
+def as_workload(built: Any, where: str) -> Workload:
+    """``(model, inputs)`` or ``(model, inputs, forward)`` as a workload."""
+    if not isinstance(built, tuple) or len(built) not in (2, 3):
+        raise ModelCheckError(
+            f"{where} returned {type(built).__name__}; expected (model, inputs) or "
+            "(model, inputs, forward)"
+        )
+    model, inputs, *rest = built
+    forward = rest[0] if rest else None
+    if forward is not None and not callable(forward):
+        raise ModelCheckError(f"{where}: forward must be a function (model, inputs) -> output")
+    extra = {FORWARD: forward} if forward is not None else {}
+    return Workload(model=model, inputs={**input_dict(inputs, where), **extra})
+
+
+def input_dict(inputs: Any, where: str) -> dict[str, Any]:
+    if isinstance(inputs, Mapping):
+        return {str(k): v for k, v in inputs.items()}
+    if isinstance(inputs, (tuple, list)):
+        return {POSITIONAL: list(inputs)}
+    if isinstance(inputs, torch.Tensor):
+        return {POSITIONAL: [inputs]}
+    raise ModelCheckError(
+        f"{where}: inputs are {type(inputs).__name__}; expected a dict, a tuple or a tensor"
+    )
+
+
+def call_model(model: Any, inputs: dict[str, Any]) -> Any:
+    """The model called on its inputs, or the factory's forward where it gave one."""
+    given = {k: v for k, v in inputs.items() if k != FORWARD}
+    forward: Forward | None = inputs.get(FORWARD)
+    if forward is not None:
+        return forward(model, given)
+    keywords = {k: v for k, v in given.items() if k != POSITIONAL}
+    return model(*given.get(POSITIONAL, ()), **keywords)
+
+
+class ModelCase(Case):
+    """A model from a factory: its one fix, ``none``, calls the model as it is."""
+
+    factory: ClassVar[Factory]
+    reference_fix = "none"
+    failure = None
+    #: A factory may build another model per backend (transformers' attention classes draw
+    #: their random weights in another order): each backend is judged against its own.
+    reference_per_backend = True
+
+    def build(self, ctx: RunContext) -> Workload:
+        return as_workload(call_factory(type(self).factory, ctx), self.name)
+
+    @fix("none", rationale="the model as it is")
+    def none(self, w: Workload, ctx: RunContext) -> Any:
+        return call_model(w.model, w.inputs)
+
+
+def model_case(name: str, factory: Factory, matrix: Matrix, source_file: str) -> Case:
+    """A case for the model ``factory`` builds, over the cells ``matrix`` asks for."""
+    modes = tuple(dict.fromkeys((*matrix.modes, CONTROL_MODE)))
+    attributes = {
+        "name": name,
+        "title": (inspect.getdoc(factory) or f"{name}: a model checked by ampmatrix")
+        .strip()
+        .splitlines()[0],
+        "upstream": Upstream(repo="your project", file=source_file, commit=""),
+        "factory": staticmethod(factory),
+        "devices": matrix.devices,
+        "dtypes": matrix.dtypes,
+        "modes": modes,
+        "backends": matrix.backends,
+        "compiles": matrix.compiles,
+        "keep_fp32": matrix.keep_fp32,
+        "source_file": source_file,
+    }
+    cls = type(f"ModelCase_{name.replace('-', '_')}", (ModelCase,), attributes)
+    return registry.add_model_case(cls())
+
+
+def split_target(target: str) -> tuple[str, str]:
+    """``MODULE:FACTORY`` as its two parts, or a ``ModelCheckError`` saying what is wrong."""
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        raise ModelCheckError(f"{target!r}: expected MODULE:FACTORY, e.g. models:build_block")
+    return module_name, attribute
+
+
+def target_name(target: str) -> str:
+    """The case name of a target: its factory's name (``models:build_block`` ->
+    ``build-block``)."""
+    return case_name(split_target(target)[1])
+
+
+def load_target(target: str, path: str = "") -> tuple[Factory, str]:
+    """The factory named by ``MODULE:FACTORY`` (importable from ``path``, the folder
+    ``check`` ran in, too) and the file it is defined in."""
+    module_name, attribute = split_target(target)
+    folder = path or str(Path.cwd())
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:
+        raise ModelCheckError(f"{target}: cannot import {module_name}: {error!r}") from error
+    factory = getattr(module, attribute, None)
+    if not callable(factory):
+        raise ModelCheckError(f"{target}: {module_name} has no function {attribute!r}")
+    return factory, str(Path(inspect.getfile(factory)).resolve())
+
+
+def target_case(target: str, matrix: Matrix, path: str = "") -> Case:
+    """The case of ``MODULE:FACTORY`` (registered once per process)."""
+    name = target_name(target)
+    found = registry.find(name)
+    if found is not None:
+        return found
+    factory, source = load_target(target, path)
+    return model_case(name, factory, matrix, source)
+
+
+def matrix_of(selection: Selection, keep_fp32: tuple[str, ...]) -> Matrix:
+    """The cells ``check`` asks of a model: what the selection names, else the defaults
+    (every device kind, both half dtypes, autocast and half, SDPA, eager)."""
+    default = Matrix()
+    return Matrix(
+        devices=DEVICE_KINDS,
+        dtypes=tuple(d for d in selection.dtypes if d in LOW_PRECISION_DTYPES) or default.dtypes,
+        modes=selection.modes or default.modes,
+        backends=selection.backends or default.backends,
+        compiles=selection.compiles or default.compiles,
+        keep_fp32=keep_fp32,
+    )
+
+
+def keep_for(target: str, keep_fp32: tuple[str, ...]) -> tuple[str, ...]:
+    """The ``--keep-fp32`` names that apply to ``target``: ``NAME`` applies to every target,
+    ``FACTORY=NAME`` to that factory's model only."""
+    factory = split_target(target)[1]
+    kept = []
+    for entry in keep_fp32:
+        owner, _, name = entry.rpartition("=")
+        if not owner or owner == factory:
+            kept.append(name)
+    return tuple(kept)
+
+
+def registered_models(config: RunConfig) -> list[Case]:
+    """The cases of the models a ``check`` run names (registered in every process of the
+    run: the runner and each pytest worker)."""
+    return [
+        target_case(
+            target,
+            matrix_of(config.selection, keep_for(target, config.keep_fp32)),
+            config.models_path,
+        )
+        for target in config.models
+    ]

@@ -1,0 +1,306 @@
+"""The one case registry, filled by the :func:`register` decorator, and case discovery."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib
+import importlib.util
+import os
+import re
+import sys
+from collections.abc import Iterable
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import TypeVar
+
+from harness.measure.case import Case, Size
+from harness.schema.axes import (
+    BACKENDS,
+    COMPILE_MODES,
+    DEVICE_KINDS,
+    DTYPES,
+    MODES,
+    SIZES,
+    SMALL_SIZE,
+)
+
+RELEASE = re.compile(r"^\d+\.\d+(\.\d+)?$")
+CASE_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+BUILTIN_CASES_DIR = Path(__file__).resolve().parents[2] / "cases"
+
+_REGISTRY: dict[str, Case] = {}
+#: The module object each case was registered from.
+_MODULES: dict[str, ModuleType] = {}
+
+C = TypeVar("C", bound=type[Case])
+
+
+class CaseContractError(Exception):
+    """A case that breaks the Case contract; the message names the file and the problem."""
+
+
+def register(cls: C) -> C:
+    """Class decorator: validate the case and add one instance of it to the registry."""
+    case = cls()
+    case.source_file = sys.modules[cls.__module__].__file__ or cls.__module__
+    problems = contract_problems(case)
+    module = sys.modules[cls.__module__]
+    if case.name in _REGISTRY and not reimported(case, module):
+        other = _REGISTRY[case.name].source_file
+        problems.append(f"duplicate case name {case.name!r} (already registered by {other})")
+    if problems:
+        raise CaseContractError(f"{case.source_file}: " + "; ".join(problems))
+    _REGISTRY[case.name] = case
+    _MODULES[case.name] = module
+    return cls
+
+
+def reimported(case: Case, module: ModuleType) -> bool:
+    """The same file run again as a new module (its old module was dropped from
+    ``sys.modules``): the case replaces its earlier self rather than duplicating it."""
+    earlier = _REGISTRY[case.name]
+    return earlier.source_file == case.source_file and _MODULES.get(case.name) is not module
+
+
+def contract_problems(case: Case) -> list[str]:
+    """Everything wrong with a case, as readable sentences (empty when it is valid)."""
+    problems = []
+    if not CASE_NAME.match(case.name or ""):
+        problems.append(f"name {case.name!r} must be lower-case words joined by '-'")
+    for attr in ("title", "upstream", "failure", "reference_fix"):
+        if not getattr(case, attr):
+            problems.append(f"missing {attr}")
+    problems += _unknown_axis_values(case)
+    problems += _fix_problems(case)
+    problems += _size_problems(case)
+    if type(case).build is Case.build:
+        problems.append("no build() method")
+    if case.min_torch is not None and not RELEASE.match(str(case.min_torch)):
+        problems.append(f"min_torch {case.min_torch!r} must be a release such as '2.4'")
+    return problems
+
+
+def _unknown_axis_values(case: Case) -> list[str]:
+    axes = {
+        "devices": DEVICE_KINDS,
+        "dtypes": tuple(DTYPES),
+        "modes": MODES,
+        "backends": BACKENDS,
+        "compiles": COMPILE_MODES,
+    }
+    problems = []
+    for axis, allowed in axes.items():
+        values = getattr(case, axis)
+        if not values:
+            problems.append(f"{axis} is empty")
+        for value in values:
+            if value not in allowed:
+                problems.append(f"unknown {axis[:-1]} {value!r} (known: {', '.join(allowed)})")
+    return problems
+
+
+def _size_problems(case: Case) -> list[str]:
+    if not all(isinstance(size, Size) for size in case.sizes):
+        return ["sizes must be a tuple of Size(name, dims, source)"]
+    names = [size.name for size in case.sizes]
+    problems = []
+    if names and names[0] != SMALL_SIZE:
+        problems.append(f"sizes must start with {SMALL_SIZE!r} (the size CI runs)")
+    if len(set(names)) != len(names):
+        problems.append(f"sizes repeat a name: {', '.join(names)}")
+    for size in case.sizes:
+        if size.name not in SIZES:
+            problems.append(f"unknown size {size.name!r} (known: {', '.join(SIZES)})")
+        elif size.name != SMALL_SIZE and not size.source.strip():
+            problems.append(f"size {size.name!r} does not cite where its dimensions come from")
+    return problems
+
+
+def _fix_problems(case: Case) -> list[str]:
+    fixes = case.fixes
+    problems = []
+    if "none" not in fixes:
+        problems.append("no fix named 'none' (the upstream code path)")
+    if case.reference_fix and case.reference_fix not in fixes:
+        problems.append(f"reference_fix {case.reference_fix!r} is not one of its fixes")
+    for name, fix in fixes.items():
+        if not CASE_NAME.match(name):
+            problems.append(f"fix name {name!r} must be lower-case words joined by '-'")
+        if not callable(fix.func):
+            problems.append(f"fix {name!r} has no code")
+        if not fix.rationale.strip():
+            problems.append(f"fix {name!r} has no rationale")
+        for mode in fix.modes or ():
+            if mode not in case.modes:
+                problems.append(f"fix {name!r} names mode {mode!r} the case does not declare")
+        for backend in fix.backends or ():
+            if backend not in case.backends:
+                problems.append(f"fix {name!r} names backend {backend!r} the case lacks")
+        for kept in fix.keep_fp32 or ():
+            if kept not in case.keep_fp32:
+                problems.append(
+                    f"fix {name!r} keeps {kept!r} in float32, which the case's keep_fp32 "
+                    "does not name (a fix can only narrow it)"
+                )
+    return problems
+
+
+def add_model_case(case: Case) -> Case:
+    """Register a case made from a user's model (``harness.measure.model_case``): it has no known
+    failure or upstream to check, only axes and a name."""
+    problems = [p for p in contract_problems(case) if p not in MODEL_CASE_EXEMPT]
+    if problems:
+        raise CaseContractError(f"{case.name}: " + "; ".join(problems))
+    if case.name in _REGISTRY:
+        raise CaseContractError(f"a case named {case.name!r} is already registered")
+    _REGISTRY[case.name] = case
+    return copy.copy(case)
+
+
+#: What a model case may lack: it checks a model, not a known failure.
+MODEL_CASE_EXEMPT = ("missing failure",)
+
+
+def get(name: str) -> Case:
+    """A copy of the registered case ``name`` (KeyError if unknown)."""
+    return copy.copy(_REGISTRY[name])
+
+
+def find(name: str) -> Case | None:
+    """A copy of the registered case ``name``, or None."""
+    return get(name) if name in _REGISTRY else None
+
+
+def names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def all_cases() -> list[Case]:
+    return [get(name) for name in names()]
+
+
+def clear() -> None:
+    """Empty the registry (tests use this)."""
+    _REGISTRY.clear()
+    _MODULES.clear()
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """Which modules were imported and which cases each registered."""
+
+    modules: dict[str, tuple[str, ...]]
+
+
+def discover(extra_dirs: Iterable[Path] = (), probe: bool = False) -> Discovery:
+    """Import every case module of ``cases/`` and of each extra folder.
+
+    Each module must register exactly one case; a module that does not is a contract error.
+    With ``probe``, each module of an extra folder is first imported in a forked process, so
+    one that ends the process it is imported into (``os._exit``) is named, not fatal.
+    """
+    modules: dict[str, tuple[str, ...]] = {}
+    folders: list[Path] = []
+    for directory in (BUILTIN_CASES_DIR, *extra_dirs):
+        if Path(directory).is_dir() and Path(directory).resolve() in folders:
+            continue  # the same folder named twice (``--cases-dir cases``): read once
+        paths = case_module_paths(Path(directory))
+        folders.append(Path(directory).resolve())
+        if folders[-1] != BUILTIN_CASES_DIR:
+            importable_siblings(Path(directory))
+            if probe:
+                probe_imports(paths)
+        for path in paths:
+            modules[str(path)] = _import_case_module(path)
+    return Discovery(modules)
+
+
+def case_module_paths(directory: Path) -> list[Path]:
+    """The case modules of a folder: every ``*.py`` whose name does not start with ``_``
+    (those are helpers the case modules import)."""
+    if not directory.is_dir():
+        raise CaseContractError(f"{directory}: cases folder does not exist")
+    return sorted(p for p in directory.glob("*.py") if not p.name.startswith("_"))
+
+
+def importable_siblings(directory: Path) -> None:
+    """Let the modules of an external cases folder import each other as users write it:
+    ``import _helpers`` or ``from _helpers import ...`` (the folder goes on ``sys.path``)."""
+    folder = str(directory.resolve())
+    if folder not in sys.path:
+        sys.path.append(folder)
+
+
+def _import_case_module(path: Path) -> tuple[str, ...]:
+    before = dict(_REGISTRY)
+    module_name = _module_name_for(path)
+    if module_name in sys.modules:
+        registered = tuple(n for n, c in _REGISTRY.items() if c.source_file == str(path))
+        if registered:
+            return registered
+        del sys.modules[module_name]  # imported before the registry was cleared: run it again
+    try:
+        _load_module(module_name, path)
+    except CaseContractError:
+        raise
+    except SystemExit as error:  # a module must not end the run it is imported into
+        raise CaseContractError(f"{path}: called sys.exit({error.code!r}) at import") from error
+    except Exception as error:
+        raise CaseContractError(f"{path}: failed to import: {error!r}") from error
+    # new names, and names the module registered again (run anew, it replaces its cases)
+    added = tuple(sorted(n for n, case in _REGISTRY.items() if before.get(n) is not case))
+    if len(added) != 1:
+        raise CaseContractError(f"{path}: registers {len(added)} cases, expected exactly one")
+    return added
+
+
+def probe_imports(paths: list[Path]) -> None:
+    """Import a folder's case modules in one forked child first, in order, the child
+    reporting each module it survived; raise CaseContractError naming the module whose
+    import ended the child (errors the imports raise are reported by the real imports)."""
+    todo = [p for p in paths if _module_name_for(p) not in sys.modules]
+    if not todo:
+        return
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: import each, say it survived, leave without cleanup
+        os.close(read)
+        for number, path in enumerate(todo):
+            with suppress(BaseException):
+                _load_module(_module_name_for(path), path)
+            os.write(write, number.to_bytes(4, "big"))
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        survived = len(pipe.read()) // 4
+    _, status = os.waitpid(pid, 0)
+    if survived < len(todo):
+        code = os.waitstatus_to_exitcode(status)
+        how = f"exit code {code}" if code >= 0 else f"signal {-code}"
+        raise CaseContractError(f"{todo[survived]}: ended the process importing it ({how})")
+
+
+def _module_name_for(path: Path) -> str:
+    if path.parent == BUILTIN_CASES_DIR:
+        return f"cases.{path.stem}"
+    digest = hashlib.sha1(str(path.resolve().parent).encode()).hexdigest()[:8]
+    return f"ampmatrix_external_{digest}.{path.stem}"
+
+
+def _load_module(module_name: str, path: Path) -> None:
+    if module_name.startswith("cases."):
+        importlib.import_module(module_name)
+        return
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise CaseContractError(f"{path}: not an importable Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise

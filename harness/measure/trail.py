@@ -1,0 +1,751 @@
+"""The dtype tracer: for every aten op of a correctness run, the dtypes it received and made.
+
+It keeps only what the trail needs (bounded memory): the first *promotion* (an op with a
+low-precision input whose output is wider), what carried the wider dtype in (a parameter or
+buffer by name, an explicit cast, a tensor created in float32, a model input), the op that
+raised, and the dtypes matmul and attention kernels computed in. Where an op ran comes from
+the Python stack at that moment: the module path (``self`` of the module frames) and the
+innermost ``file:line`` of the case's or model's own code.
+
+A TorchDispatchMode runs below autocast, and calls each op with autocast switched off
+(PyTorch excludes the dispatch keys above Python while a mode handles an op). Fused native
+ops that dispatch internally (``nn.TransformerEncoder``'s fast path) would then compute
+differently under the tracer than without it. The tracer therefore follows the autocast
+state that Python code set (a profile hook watches torch's autocast switches) and switches
+autocast back on around each op it dispatches; an op already handled by autocast is not
+changed by that (its inputs are in their autocast dtype), so the traced run computes exactly
+what the untraced run computes.
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import sys
+import sysconfig
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cache, lru_cache
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+import torch
+from torch import nn
+
+from harness.measure.dispatch_mode import LazyDynamoMode
+from harness.measure.observe import ACTIVE, CoreObservation
+from harness.measure.precision import (
+    TENSOR_ATTRIBUTE,
+    autocast_enabled,
+    dtype_name,
+    is_compute_call,
+    is_kept,
+    named_tensors,
+)
+from harness.schema.trail_records import Drift, Island, Promotion, Site, Trail
+
+ORIGIN_ATTR = "_ampmatrix_origin"
+#: Set on wide tensors computed only from parts the case keeps in fp32 (views of them, say).
+KEPT_ATTR = "_ampmatrix_kept"
+#: The promotion a tensor descends from (kept through later ops, narrowing casts included).
+PROMOTION_ATTR = "_ampmatrix_promotion"
+AUTOCAST_KEYS = {
+    "cpu": torch._C.DispatchKey.AutocastCPU,
+    "cuda": torch._C.DispatchKey.AutocastCUDA,
+}
+#: Kernels whose input dtypes are the dtypes the model computed in.
+MATMUL_OPS = frozenset(
+    {
+        "mm",
+        "bmm",
+        "addmm",
+        "baddbmm",
+        "addbmm",
+        "_addmm_activation",
+        "mv",
+        "addmv",
+        "dot",
+        "convolution",
+        "_convolution",
+        "mkldnn_convolution",
+    }
+)
+#: Ops that run attention (or a whole layer) in one native kernel.
+ATTENTION_MARKERS = ("attention", "_transformer_encoder_layer_fwd", "_native_multi_head")
+#: Fused layers that dispatch their inner ops themselves: under autocast their inputs do not
+#: tell the dtype they compute in.
+FUSED_LAYER_OPS = frozenset(
+    {
+        "_transformer_encoder_layer_fwd",
+        "_native_multi_head_attention",
+        "_transformer_decoder_only_layer_fwd",
+    }
+)
+#: Casts: a low-precision tensor made wider by one of these was cast on purpose.
+CAST_OPS = frozenset({"_to_copy", "to", "_to_copy_out", "type_as", "copy"})
+#: Tensor methods that cast: called from Python, they are the code's own casts (autocast's
+#: casts are made in C++, with no Python call around them).
+CAST_METHODS = frozenset({"float", "double", "half", "bfloat16", "to", "type", "type_as"})
+#: Ops that only lay a tensor out anew: an upcast tensor stays "the upcast" through them
+#: (once computed with, in a norm say, the upcast has served its purpose).
+LAYOUT_OPS = frozenset(
+    {
+        "view", "_unsafe_view", "reshape", "_reshape_alias", "transpose", "permute", "t",
+        "expand", "contiguous", "clone", "slice", "select", "unsqueeze", "squeeze", "unbind",
+        "split", "split_with_sizes", "chunk", "narrow", "as_strided", "alias", "detach",
+        "flatten", "unflatten", "repeat", "cat", "stack",
+    }
+)  # fmt: skip
+#: Ops that turn Python data into a tensor (``torch.tensor([...])``).
+FROM_DATA_OPS = frozenset({"lift_fresh", "lift_fresh_copy", "lift"})
+#: Set on a tensor the code cast up explicitly (and on what is computed from it, wide):
+#: where the cast was.
+UPCAST_ATTR = "_ampmatrix_upcast"
+#: Set on a tensor autocast cast back down from an explicit upcast: where the upcast was.
+UNDONE_ATTR = "_ampmatrix_undone"
+#: Set on wide results of a drifted kernel and what is computed from them, wide: the
+#: island's index in ``DtypeTracer.islands``.
+ISLAND_ATTR = "_ampmatrix_island"
+
+TORCH_DIR = str(Path(torch.__file__).resolve().parent)
+HARNESS_DIR = Path(__file__).resolve().parents[1]
+STDLIB_DIRS = tuple(
+    str(Path(sysconfig.get_paths()[key]).resolve()) for key in ("stdlib", "platstdlib")
+)
+
+
+def is_library_file(filename: str) -> bool:
+    """Frames of torch, of the harness and of the standard library are not the model's code."""
+    try:
+        path = str(Path(filename).resolve())
+    except (OSError, ValueError):
+        return True
+    if path.startswith(STDLIB_DIRS) and "site-packages" not in path:
+        return True
+    return path.startswith((TORCH_DIR, str(HARNESS_DIR))) or filename.startswith("<")
+
+
+def shown_path(filename: str | Path) -> str:
+    """A source file as the terminal shows it: relative to the working folder where it can be."""
+    try:
+        return str(Path(filename).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(filename)
+
+
+def shown(filename: str, line: int) -> str:
+    return f"{shown_path(filename)}:{line}"
+
+
+@dataclass
+class PythonWatch:
+    """What Python code did about autocast while a fix ran: whether any torch compute call
+    ran with it on (the ``no-autocast`` check), and its current state per device type."""
+
+    device_type: str
+    seen: bool = False
+    enabled: dict[str, bool] = field(default_factory=dict)
+    #: A tensor cast method called from Python is running (``x.float()``).
+    casting: bool = False
+
+    def refresh(self) -> None:
+        self.enabled = {device: autocast_enabled(device) for device in AUTOCAST_KEYS}
+
+
+@contextmanager
+def watch_python(watch: PythonWatch) -> Iterator[None]:
+    """A profile hook: it leaves torch's dispatch untouched (a TorchFunctionMode would turn
+    fused fast paths off)."""
+    previous = sys.getprofile()
+    watch.refresh()
+
+    def hook(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "c_call":
+            name = getattr(arg, "__name__", "")
+            if name in CAST_METHODS:
+                watch.casting = isinstance(getattr(arg, "__self__", None), torch.Tensor)
+            elif not watch.seen and is_compute_call(arg):
+                watch.seen = watch.enabled.get(watch.device_type, False)
+        elif event == "c_return" or event == "c_exception":
+            name = getattr(arg, "__name__", "")
+            if name in CAST_METHODS:
+                watch.casting = False
+            elif "autocast" in name:
+                watch.refresh()
+
+    sys.setprofile(hook)
+    try:
+        yield
+    finally:
+        sys.setprofile(previous)
+        watch.refresh()
+
+
+def floating_tensors(tree: Any) -> list[torch.Tensor]:
+    """The floating tensors of an op's arguments or result (flat, or one level of lists, as
+    aten ops take them; anything deeper is flattened the slow way)."""
+    if isinstance(tree, torch.Tensor):
+        return [tree] if tree.is_floating_point() else []
+    if not isinstance(tree, (list, tuple, dict)):
+        return []  # a number, None, or an opaque object (a profiler record, say)
+    found = []
+    for item in tree.values() if isinstance(tree, dict) else tree:
+        if isinstance(item, torch.Tensor):
+            if item.is_floating_point():
+                found.append(item)
+        elif isinstance(item, (list, tuple, dict)):
+            found += floating_tensors(item)
+    return found
+
+
+@cache
+def op_name(func: Any) -> str:
+    """``aten::mm``; cached per op (the tracer asks for every op a cell runs)."""
+    schema = getattr(func, "_schema", None)
+    return str(schema.name) if schema is not None else str(func)
+
+
+@cache
+def short_name(func: Any) -> str:
+    return op_name(func).split("::")[-1]
+
+
+@cache
+def kernel_kind(func: Any) -> str | None:
+    name = short_name(func)
+    if any(marker in name for marker in ATTENTION_MARKERS):
+        return "attention"
+    return "matmul" if name in MATMUL_OPS else None
+
+
+#: Attention kernels whose first three inputs are q, k and v; what follows (a float mask, a
+#: bias) is added to the scores and says nothing of the dtype the kernel computes in.
+QKV_FIRST_MARKERS = ("scaled_dot_product", "_flash_attention_forward", "_efficient_attention")
+
+
+def computed_inputs(func: Any, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The inputs whose dtype is the dtype a kernel computes in."""
+    name = short_name(func)
+    return inputs[:3] if any(marker in name for marker in QKV_FIRST_MARKERS) else inputs
+
+
+def widens(dtype: torch.dtype, low: torch.dtype) -> bool:
+    return dtype.is_floating_point and torch.finfo(dtype).bits > torch.finfo(low).bits
+
+
+#: Attention kernels that take q, k and v laid out (batch, seq, heads, dim); the others
+#: take (batch, heads, seq, dim).
+SEQ_FIRST_MARKERS = ("_efficient_attention", "_flash_attention")
+#: Matmul kernels by the positions of their two factors among the floating inputs.
+FACTORS = {"mm": 0, "bmm": 0, "mv": 0, "dot": 0, "addmm": 1, "_addmm_activation": 1}
+FACTORS |= {"baddbmm": 1, "addbmm": 1, "addmv": 1}
+CONVOLUTIONS = ("convolution", "_convolution", "mkldnn_convolution")
+
+
+def kernel_flops(func: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> int | None:
+    """Floating-point operations of a matmul, convolution or attention kernel from its
+    shapes (a multiply-add is two); None for a kernel whose work its shapes do not tell (a
+    fused layer)."""
+    name = short_name(func)
+    if name in FACTORS and len(inputs) >= FACTORS[name] + 2:
+        # (..., M, K) @ (..., K, N): 2 * M * K * N per batch; a vector factor has N = 1
+        a, b = inputs[FACTORS[name]], inputs[FACTORS[name] + 1]
+        return 2 * a.numel() * (b.shape[-1] if b.dim() >= 2 else 1)
+    if name in CONVOLUTIONS and len(inputs) >= 2 and outputs:
+        return 2 * outputs[0].numel() * int(inputs[1][0].numel())
+    if any(marker in name for marker in QKV_FIRST_MARKERS) and len(inputs) >= 3:
+        q, k, v = inputs[:3]
+        keys = k.shape[1] if name.startswith(SEQ_FIRST_MARKERS) else k.shape[-2]
+        return 2 * q.numel() * keys * (q.shape[-1] + v.shape[-1]) // max(q.shape[-1], 1)
+    return None
+
+
+@dataclass
+class Names:
+    """Names of the tensors a workload holds: parameters, buffers, attributes, inputs."""
+
+    by_id: dict[int, str] = field(default_factory=dict)
+    kept: set[int] = field(default_factory=set)
+    #: Plain tensor attributes of the model (``module.to()`` does not cast them), and those
+    #: an op of the run read.
+    attributes: set[int] = field(default_factory=set)
+    read: set[int] = field(default_factory=set)
+
+    def unused(self, tensor: torch.Tensor) -> bool:
+        """A plain tensor attribute that no op of the run read."""
+        return id(tensor) in self.attributes and id(tensor) not in self.read
+
+    @classmethod
+    def of_workload(cls, model: Any, inputs: dict[str, Any], keep: tuple[str, ...]) -> Names:
+        names = cls()
+        for kind, name, tensor in named_tensors(model):
+            names.by_id[id(tensor)] = f"{kind} {name}"
+            if kind == TENSOR_ATTRIBUTE:
+                names.attributes.add(id(tensor))
+            if is_kept(name, keep):
+                names.kept.add(id(tensor))
+        for key, value in inputs.items():
+            for n, t in enumerate(floating_tensors(value)):
+                names.by_id.setdefault(id(t), f"input {key}" + (f"[{n}]" if n else ""))
+        return names
+
+
+class DtypeTracer(LazyDynamoMode):
+    """Watches every aten op of one run of a fix (see the module docstring)."""
+
+    def __init__(
+        self, low: torch.dtype, names: Names, python: PythonWatch, root: Any = None
+    ) -> None:
+        super().__init__()
+        self.low = low
+        self.names = names
+        self.python = python
+        #: The workload's model: module paths are named from it where it is on the stack.
+        self.root = root if isinstance(root, nn.Module) else None
+        self.promotion: Promotion | None = None
+        self.failure: Site | None = None
+        self.compute: dict[str, dict[str, None]] = {}
+        #: Compute dtypes wider than ``low`` that did not come from kept (fp32) parts.
+        self.drifted: dict[str, dict[str, None]] = {}
+        self.failure_message: str | None = None
+        self.failure_promotion: Promotion | None = None
+        self.drift_promotion: Promotion | None = None
+        self.core: CoreObservation | None = None
+        #: Matmul and attention FLOPs: all of them, and those computed wider than ``low``.
+        self.flops = 0
+        self.wide_flops = 0
+        #: A wide kernel whose FLOPs its shapes do not tell ran: no share can be given.
+        self.wide_uncounted = False
+        self.islands: list[IslandState] = []
+        #: An explicit upcast autocast undid: (where the cast was, the kernel it fed).
+        self.undone: tuple[str, Site] | None = None
+        self.upcast_seen = False
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        # the watch's profile hook has nothing to see in the tracer's own code: off here
+        # (its calls would cost a hook call each, several times the op's own bookkeeping)
+        hook = sys.getprofile()
+        sys.setprofile(None)
+        try:
+            return self.dispatch(func, args, kwargs or {})
+        finally:
+            sys.setprofile(hook)
+
+    def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        inputs = floating_tensors(args) + (floating_tensors(kwargs) if kwargs else [])
+        switched = self.autocast_switched_on()
+        try:
+            out = func(*args, **kwargs)
+        except Exception as error:
+            self.failure = self.site(func, inputs)
+            self.failure_message = str(error)
+            self.failure_promotion = self.promotion_behind(func, inputs)
+            raise
+        finally:
+            for key in switched:
+                torch._C._dispatch_tls_set_dispatch_key_excluded(key, True)
+        self.observe(func, inputs, floating_tensors(out) if out is not None else [])
+        return out
+
+    def autocast_switched_on(self) -> list[Any]:
+        """Autocast back on for the op where Python code had it on (see module docstring);
+        the keys switched, to switch off again after the op."""
+        switched = []
+        for device, on in self.python.enabled.items():
+            key = AUTOCAST_KEYS[device]
+            if on and torch._C._dispatch_tls_is_dispatch_key_excluded(key):
+                torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
+                switched.append(key)
+        return switched
+
+    def autocast_dtype(self, device_type: str) -> str | None:
+        if not self.python.enabled.get(device_type, False):
+            return None
+        try:
+            return dtype_name(torch.get_autocast_dtype(device_type))
+        except (AttributeError, TypeError):  # torch < 2.4
+            getter = torch.get_autocast_cpu_dtype if device_type == "cpu" else None
+            return dtype_name(getter()) if getter else None
+
+    def observe(self, func: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
+        outputs = self.results_of(outputs)
+        if self.names.attributes:
+            self.names.read.update(id(t) for t in inputs if id(t) in self.names.attributes)
+        kind = kernel_kind(func)
+        if self.core is not None and kind is not None:
+            for t in inputs:
+                self.core.add(t.dtype)
+            kind = "attention"
+        island = None
+        if kind is not None:
+            island = self.record_compute(func, kind, inputs, outputs)
+        if self.islands:
+            self.follow_islands(inputs, outputs, island)
+        self.follow_casts(func, inputs, outputs)
+        wide_out = [t for t in outputs if widens(t.dtype, self.low)]
+        if wide_out:
+            self.mark_wide(func, inputs, wide_out)
+        promotion = self.promotion_through(func, inputs, wide_out)
+        if promotion is not None:
+            for t in outputs:
+                if not isinstance(t, nn.Parameter):
+                    setattr(t, PROMOTION_ATTR, promotion)
+
+    def results_of(self, outputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """An op's results, without the statistics some ops return in float32 by design
+        beside a result in the low dtype (SDPA's ``logsumexp``, a norm's mean and rstd):
+        they are no promotion (seen in ViT and T5 under CPU SDPA)."""
+        if len(outputs) > 1 and not widens(outputs[0].dtype, self.low):
+            return [t for t in outputs if not widens(t.dtype, self.low)]
+        return outputs
+
+    def mark_wide(
+        self, func: Any, inputs: list[torch.Tensor], wide_out: list[torch.Tensor]
+    ) -> None:
+        """Remember where each wide output's dtype came from, and whether it is a kept part."""
+        origin = self.origin_of(func, inputs)
+        wide_in = [t for t in inputs if widens(t.dtype, self.low)]
+        kept = bool(wide_in) and all(self.is_kept(t) for t in wide_in)
+        for t in wide_out:
+            if not hasattr(t, ORIGIN_ATTR) and not isinstance(t, nn.Parameter):
+                setattr(t, ORIGIN_ATTR, origin)
+                setattr(t, KEPT_ATTR, kept)
+
+    def promotion_through(
+        self, func: Any, inputs: list[torch.Tensor], wide_out: list[torch.Tensor]
+    ) -> Promotion | None:
+        """The promotion this op's outputs descend from. An op that widens a low-precision
+        input is a promotion; a cast back up of a tensor that descends from an earlier
+        promotion (narrowed on the way) keeps that earlier one, the root cause."""
+        inherited = promotion_of(inputs)
+        widening = wide_out and any(t.dtype == self.low for t in inputs)
+        if not widening:
+            return inherited
+        if inherited is not None and short_name(func) in CAST_OPS:
+            return inherited
+        promotion = Promotion(
+            self.site(func, inputs), dtype_name(wide_out[0].dtype), self.origin_of(func, inputs)
+        )
+        if self.promotion is None:
+            self.promotion = promotion
+        return promotion
+
+    def record_compute(
+        self, func: Any, kind: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor]
+    ) -> int | None:
+        """Note the dtypes and FLOPs of a matmul or attention kernel; the index of the new
+        island where it computed wider than the cell's dtype (not from kept parts)."""
+        device = inputs[0].device.type if inputs else "cpu"
+        if short_name(func) in FUSED_LAYER_OPS and self.autocast_dtype(device) is not None:
+            return None  # it autocasts inside: its inputs do not tell what it computes in
+        flops = kernel_flops(func, inputs, outputs)
+        self.flops += flops or 0
+        inputs = computed_inputs(func, inputs)
+        if self.undone is None:
+            self.note_undone(func, inputs)
+        seen = self.compute.setdefault(kind, {})
+        for t in inputs:
+            seen[dtype_name(t.dtype)] = None
+        wide = [t for t in inputs if widens(t.dtype, self.low)]
+        if not wide or any(self.is_kept(t) for t in wide):
+            return None
+        for t in wide:
+            self.drifted.setdefault(kind, {})[dtype_name(t.dtype)] = None
+        if self.drift_promotion is None:
+            self.drift_promotion = self.promotion_behind(func, inputs)
+        self.wide_flops += flops or 0
+        self.wide_uncounted |= flops is None
+        self.islands.append(IslandState(self.site(func, inputs), dtype_name(wide[0].dtype)))
+        return len(self.islands) - 1
+
+    def follow_islands(
+        self, inputs: list[torch.Tensor], outputs: list[torch.Tensor], new: int | None
+    ) -> None:
+        """Carry the island marks from an op's inputs to its wide outputs; an island whose
+        values come back in the cell's dtype is narrowed, one that feeds another wide
+        kernel goes on in that one."""
+        found = {i for t in inputs if (i := getattr(t, ISLAND_ATTR, None)) is not None}
+        if new is not None:
+            for i in found:
+                self.islands[i].continued = True
+        mark = new if new is not None else min(found, default=None)
+        if mark is None:
+            return
+        for t in outputs:
+            if widens(t.dtype, self.low):
+                if not isinstance(t, nn.Parameter):
+                    setattr(t, ISLAND_ATTR, mark)
+            elif t.dtype == self.low:
+                for i in found:
+                    self.islands[i].narrowed = True
+
+    def follow_casts(
+        self, func: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor]
+    ) -> None:
+        """Mark what the code cast up explicitly, and what autocast cast back down of it."""
+        if not (inputs and outputs):
+            return
+        if short_name(func) in CAST_OPS:
+            source, result = inputs[0], outputs[0]
+            upcast = getattr(source, UPCAST_ATTR, None)
+            if self.python.casting and source.dtype == self.low and widens(result.dtype, self.low):
+                setattr(result, UPCAST_ATTR, user_location(sys._getframe(1)) or "?")
+                self.upcast_seen = True
+            elif (
+                upcast is not None
+                and result.dtype == self.low
+                and not self.python.casting
+                and self.autocast_dtype(source.device.type) is not None
+            ):
+                setattr(result, UNDONE_ATTR, upcast)
+            return
+        if self.upcast_seen and short_name(func).split(".")[0] in LAYOUT_OPS:
+            upcast = next((u for t in inputs if (u := getattr(t, UPCAST_ATTR, None))), None)
+            for t in outputs:
+                if upcast is not None and widens(t.dtype, self.low):
+                    setattr(t, UPCAST_ATTR, upcast)
+
+    def note_undone(self, func: Any, inputs: list[torch.Tensor]) -> None:
+        cast = next((u for t in inputs if (u := getattr(t, UNDONE_ATTR, None))), None)
+        if cast is not None:
+            self.undone = (cast, self.site(func, inputs))
+
+    def promotion_behind(self, func: Any, inputs: list[torch.Tensor]) -> Promotion | None:
+        """Where the wide inputs of an op (one that failed or drifted) got their dtype: their
+        promotion, or, for a wide input straight from a parameter or a created tensor, this
+        op itself with that carrier."""
+        wide = [t for t in inputs if widens(t.dtype, self.low)]
+        if not wide or not any(t.dtype == self.low for t in inputs):
+            return promotion_of(wide)
+        return promotion_of(wide) or Promotion(
+            self.site(func, inputs), dtype_name(wide[0].dtype), self.origin_of(func, inputs)
+        )
+
+    def is_kept(self, tensor: torch.Tensor) -> bool:
+        """A part the case keeps in fp32 (``keep_fp32``), or computed from such parts only."""
+        return id(tensor) in self.names.kept or bool(getattr(tensor, KEPT_ATTR, False))
+
+    def origin_of(self, func: Any, inputs: list[torch.Tensor]) -> str:
+        """What carried the wider dtype into this op's output."""
+        wide = [t for t in inputs if widens(t.dtype, self.low)]
+        for t in wide:
+            named = self.names.by_id.get(id(t))
+            if named:
+                return named
+        for t in wide:
+            inherited = getattr(t, ORIGIN_ATTR, None)
+            if inherited:
+                return str(inherited)
+            if isinstance(t, nn.Parameter):
+                return "a float32 parameter"
+        name = short_name(func)
+        made = user_location(sys._getframe(1))
+        at = f" at {made}" if made else ""
+        if name in FROM_DATA_OPS:
+            return f"a {dtype_name(wide[0].dtype)} tensor made from Python data{at}"
+        if not inputs:
+            return f"a tensor created in float32 (aten::{name}){at}"
+        if name in CAST_OPS:
+            device = inputs[0].device.type
+            if self.autocast_dtype(device) is not None:
+                return (
+                    "a cast to float32 (an explicit .float() / .to(), or autocast's fp32 policy)"
+                )
+            return "an explicit cast (.float() / .to())"
+        return f"aten::{name}, which returned a wider dtype than its inputs"
+
+    def site(self, func: Any, inputs: list[torch.Tensor]) -> Site:
+        frame = sys._getframe(1)
+        device = inputs[0].device.type if inputs else "cpu"
+        return Site(
+            op=op_name(func),
+            module=module_path(frame, self.root),
+            location=user_location(frame),
+            input_dtypes=tuple(dtype_name(t.dtype) for t in inputs),
+            autocast=self.autocast_dtype(device),
+        )
+
+    def trail(self, error: BaseException | None) -> Trail:
+        """The trail of the run; ``error`` is what the fix raised, if anything. Its promotion
+        is the one behind the failure, else behind the drift, else the first one."""
+        failure, behind_failure = self.failure_of(error)
+        return Trail(
+            promotion=behind_failure or self.drift_promotion or self.promotion,
+            failure_site=failure,
+            compute_dtypes={k: tuple(v) for k, v in self.compute.items()},
+        )
+
+    def failure_of(self, error: BaseException | None) -> tuple[Site | None, Promotion | None]:
+        """The op that raised ``error`` (or where the case's code called what raised it), and
+        the promotion behind its wide inputs."""
+        if error is None:
+            return None, None
+        if self.failure is not None and self.failure_message == str(error):
+            return self.failure, self.failure_promotion
+        site, tensors = failure_from_traceback(error, self.root)
+        return site, promotion_of([t for t in tensors if widens(t.dtype, self.low)])
+
+    def drift(self, outputs: dict[str, torch.Tensor]) -> Drift:
+        """What of the run computed wider than the cell's dtype (kept fp32 parts aside),
+        how much of it, and whether every such island came back in the cell's dtype (none
+        of ``outputs``, the fix's result, is still one of them)."""
+        escaped = any(getattr(t, ISLAND_ATTR, None) is not None for t in outputs.values())
+        ends = [i for i in self.islands if not i.continued]
+        share = None if self.wide_uncounted or not self.flops else self.wide_flops / self.flops
+        first = self.islands[0] if self.islands else None
+        return Drift(
+            kinds={k: tuple(v) for k, v in self.drifted.items()},
+            share=share,
+            contained=bool(ends) and not escaped and all(i.narrowed for i in ends),
+            island=Island(first.site, first.dtype, share) if first else None,
+        )
+
+    def undone_upcast(self) -> str | None:
+        """Where an explicit upcast was cast back down by autocast before a kernel."""
+        if self.undone is None:
+            return None
+        cast, kernel = self.undone
+        where = kernel.where()
+        return (
+            f"the explicit cast up at {cast} was cast back to {dtype_name(self.low)} by "
+            f"autocast before {kernel.op}" + (f" {where}" if where else "")
+        )
+
+
+@dataclass
+class IslandState:
+    """A kernel that computed wider than the cell's dtype, while the run goes on."""
+
+    site: Site
+    dtype: str
+    #: Its values came back in the cell's dtype.
+    narrowed: bool = False
+    #: Its values fed another wide kernel (that island's fate is theirs).
+    continued: bool = False
+
+
+def promotion_of(tensors: list[torch.Tensor]) -> Promotion | None:
+    return next((p for t in tensors if (p := getattr(t, PROMOTION_ATTR, None)) is not None), None)
+
+
+def frames_outward(frame: FrameType | None) -> Iterator[FrameType]:
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
+
+
+def user_location(frame: FrameType | None) -> str | None:
+    """The innermost frame in the case's or model's own code, as ``file:line``."""
+    for f in frames_outward(frame):
+        if not is_library_file(f.f_code.co_filename):
+            return shown(f.f_code.co_filename, f.f_lineno)
+    return None
+
+
+def module_path(frame: FrameType | None, root: nn.Module | None = None) -> str | None:
+    """The dotted path of the innermost module running: named from the workload's model
+    (``root``) when it holds that module, else from the outermost module on the stack; the
+    class name for the root itself."""
+    modules = [
+        module
+        for f in frames_outward(frame)
+        if isinstance(module := f.f_locals.get("self"), nn.Module)
+    ]
+    if not modules:
+        return None
+    inner = modules[0]
+    for outer in (root, modules[-1]):
+        if outer is None:
+            continue
+        for name, candidate in outer.named_modules():
+            if candidate is inner:
+                return name or type(inner).__name__
+    return type(inner).__name__
+
+
+@contextmanager
+def tracing(tracer: DtypeTracer) -> Iterator[DtypeTracer]:
+    ACTIVE.append(tracer)
+    try:
+        with tracer:
+            yield tracer
+    finally:
+        ACTIVE.remove(tracer)
+
+
+@lru_cache(maxsize=1)
+def warm_up() -> None:
+    """Trace one op once, so the first use's one-time work (the profile hook, the tracer's
+    own imports and caches) is done in the worker before it forks its cells, not inside a
+    cell's time limit. (Before the tracer's modes derived from ``LazyDynamoMode``, this
+    also imported ``torch._dynamo``: 1 s and more.)"""
+    watch = PythonWatch("cpu")
+    with tracing(DtypeTracer(torch.float16, Names(), watch)):
+        torch.zeros(1) + 1
+
+
+def failure_from_traceback(
+    error: BaseException, root: nn.Module | None = None
+) -> tuple[Site | None, list[torch.Tensor]]:
+    """Where an error that no traced op raised (an input check in a composite op such as
+    SDPA, or a Python-level check) came from: the call in the case's or model's own code
+    that raised it, with the floating tensors it passed (and their dtypes)."""
+    frames = list(traceback_entries(error.__traceback__))
+    user = [tb for tb in frames if not is_library_file(tb.tb_frame.f_code.co_filename)]
+    if not user:
+        return None, []
+    entry = user[-1]
+    frame, line = entry.tb_frame, entry.tb_lineno
+    callee, tensors = call_at(frame.f_code.co_filename, line, position(entry), frame.f_locals)
+    site = Site(
+        op=callee or "?",
+        module=module_path(frames[-1].tb_frame, root),
+        location=shown(frame.f_code.co_filename, line),
+        input_dtypes=tuple(dtype_name(t.dtype) for t in tensors),
+    )
+    return site, tensors
+
+
+def position(entry: TracebackType) -> tuple[int, int] | None:
+    """(line, column) where the raising instruction starts (Python 3.11+), else None."""
+    positions = getattr(entry.tb_frame.f_code, "co_positions", None)
+    if positions is None:
+        return None
+    found = list(positions())[entry.tb_lasti // 2]
+    return (found[0], found[2]) if found[0] is not None and found[2] is not None else None
+
+
+def traceback_entries(tb: TracebackType | None) -> Iterator[TracebackType]:
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next
+
+
+def call_at(
+    filename: str, line: int, start: tuple[int, int] | None, local_vars: dict[str, Any]
+) -> tuple[str | None, list[torch.Tensor]]:
+    """The call that raised, as written (the call starting at ``start`` when known, else the
+    innermost call on the line), and the floating tensors among the names it passes."""
+    spanning = [n for n in calls_in(filename) if n.lineno <= line <= (n.end_lineno or n.lineno)]
+    exact = [n for n in spanning if start and (n.lineno, n.col_offset) == start]
+    if not (exact or spanning):
+        return None, []
+    call = (exact or sorted(spanning, key=lambda n: (n.lineno, n.col_offset)))[-1]
+    passed = [*call.args, *(k.value for k in call.keywords)]
+    names = [a.id for a in passed if isinstance(a, ast.Name)]
+    values = [local_vars.get(n) for n in names]
+    floats = [t for t in values if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return ast.unparse(call.func), floats
+
+
+@lru_cache(maxsize=64)
+def calls_in(filename: str) -> tuple[ast.Call, ...]:
+    try:
+        tree = ast.parse("".join(linecache.getlines(filename)))
+    except (SyntaxError, ValueError):
+        return ()
+    return tuple(node for node in ast.walk(tree) if isinstance(node, ast.Call))

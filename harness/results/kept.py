@@ -1,0 +1,66 @@
+"""Did a fix keep the computation in the cell's dtype, or pass by leaving it?
+
+Mixed precision exists to run the matmuls and attention in half precision. A fix that
+passes by running them in float32 is a fallback: correct, but it gives up what the
+precision mode was for. What a cell's kernels computed in is in its record: the dtype
+trail's ``compute_dtypes`` (the matmul and attention kernels' input dtypes) and the
+attention core's observed dtypes (``attn_dtype``). No torch here: reports read this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import Enum
+
+from harness.schema.records import CellRecord, Outcome
+
+LOW_PRECISION = ("float16", "bfloat16")
+WIDE = ("float32", "float64")
+
+
+class Kept(str, Enum):
+    """How much of a cell's heavy compute stayed in its low-precision dtype."""
+
+    #: Every matmul and attention kernel ran in the cell's dtype.
+    HALF = "half"
+    #: Some ran in float32 (a softmax or a norm kept wide, say), the rest in half.
+    PARTLY = "partly fp32"
+    #: Every one ran in float32: the fix passes by leaving half precision.
+    FALLBACK = "fp32 fallback"
+
+
+def kernel_dtypes(record: CellRecord) -> set[str]:
+    """The dtypes the cell's matmul and attention kernels computed in: from the dtype trail,
+    else from the attention core's observed dtypes (which count an additive mask's dtype
+    too, so they are the second choice)."""
+    if record.trail and record.trail.compute_dtypes:
+        return {d for dtypes in record.trail.compute_dtypes.values() for d in dtypes}
+    return set(record.attn_dtype.split("+")) if record.attn_dtype else set()
+
+
+def kept(record: CellRecord) -> Kept | None:
+    """How a low-precision cell that ran computed; None where that is not known (no trail:
+    ``--no-trace`` or a compiled cell) or does not apply (the float32 control, a cell that
+    raised or was skipped)."""
+    if record.cell.dtype not in LOW_PRECISION:  # the float32 control among them
+        return None
+    if record.outcome not in (Outcome.PASSES, Outcome.INACCURATE):
+        return None
+    dtypes = kernel_dtypes(record)
+    low = record.cell.dtype in dtypes
+    wide = any(d in WIDE for d in dtypes)
+    if not dtypes or not (low or wide):
+        return None
+    if low and not wide:
+        return Kept.HALF
+    return Kept.PARTLY if low else Kept.FALLBACK
+
+
+def fix_kept(cells: Iterable[object]) -> Kept | None:
+    """A fix over its cells (``Kept`` values): a fallback if any cell fell back, else partly
+    if any cell ran partly in float32, else half; None when no cell says."""
+    known = {k for k in cells if isinstance(k, str)}
+    for level in (Kept.FALLBACK, Kept.PARTLY, Kept.HALF):
+        if level.value in known:
+            return level
+    return None

@@ -1,0 +1,396 @@
+"""Results on disk: ``results/<run-id>/env.json`` and ``cells.jsonl``.
+
+Each record is appended as one line with a single write under an exclusive lock, then
+flushed and fsynced, so parallel workers never interleave partial lines and a killed run
+keeps every cell that finished.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import gc
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from harness.schema.records import CellRecord
+from harness.schema.typed import compiled, mismatch
+
+ENV_FILE = "env.json"
+CASES_FILE = "cases.json"
+CELLS_FILE = "cells.jsonl"
+PLAN_FILE = "plan.json"
+RUN_PLAN_FILE = "run-plan.json"
+TIMING_PLAN_FILE = "timing-plan.json"
+PLAN_FILES = (PLAN_FILE, TIMING_PLAN_FILE)
+
+
+class ResultsError(Exception):
+    """A results file that cannot be read; the message names the file (and line)."""
+
+
+def new_run_id(torch_version: str, now: datetime | None = None) -> str:
+    stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%S")
+    return f"{stamp}-torch{torch_version.split('+')[0]}"
+
+
+def create_run_dir(results_root: Path, run_id: str) -> Path:
+    """A new, empty run directory; never reuses an existing one."""
+    results_root.mkdir(parents=True, exist_ok=True)
+    candidate, n = results_root / run_id, 1
+    while True:
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            n += 1
+            candidate = results_root / f"{run_id}-{n}"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write a file whole or not at all: into a temporary file of a fresh name beside it
+    (so no existing file is touched), fsynced, then renamed over ``path``. A failure (a
+    full disk) leaves ``path`` as it was and no temporary file behind."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o644)
+            f.write(text.encode())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as error:
+        with suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if isinstance(error, OSError):
+            raise ResultsError(
+                f"{path}: could not be written ({error.strerror or error})"
+            ) from None
+        raise
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def write_env(run_dir: Path, env: dict[str, Any]) -> None:
+    write_json_atomic(run_dir / ENV_FILE, env)
+
+
+#: The fields of a case in ``cases.json`` that a report shows, and their types.
+CASE_FIELDS: dict[str, Any] = {
+    "name": str,
+    "title": str | None,
+    "source_file": str | None,
+    "upstream": dict[str, str | list[str] | None] | None,
+    "failure": dict[str, str | None] | None,
+    "failure_variants": list[dict[str, str | None]],
+    "fixes": list[dict[str, str | None]],
+    "keep_fp32": list[str],
+    "manages_precision": bool,
+    "sizes": dict[str, dict[str, str | dict[str, str]]],
+}
+
+
+def read_cases(run_dir: Path, problems: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """The case metadata stored with a run, by name (empty when the file is absent). A
+    case with a field of the wrong type is named as a problem and left out (or raises
+    ResultsError when no ``problems`` list is given)."""
+    path = run_dir / CASES_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except UnicodeDecodeError as error:
+        raise ResultsError(f"{path}: not valid JSON ({error})") from error
+    try:
+        cases, found = checked_cases(text)
+    except ValueError as error:
+        raise ResultsError(f"{path}: {error}") from error
+    if found and problems is None:
+        raise ResultsError(f"{path}: {found[0]}")
+    if problems is not None:
+        problems.extend(f"{path}: {problem} (left out)" for problem in found)
+    return dict(cases)
+
+
+@lru_cache(maxsize=16)
+def checked_cases(text: str) -> tuple[dict[str, dict[str, Any]], tuple[str, ...]]:
+    """The valid cases of a ``cases.json``, by name, and the problem of each invalid one; a
+    ``ValueError`` for a file that is not a list of cases. Kept for the files read last:
+    the runs of a nightly store the same cases over and over (a report reads them all)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"not valid JSON ({error})") from error
+    if not isinstance(data, list):
+        raise ValueError("expected a list of cases")
+    cases, problems = {}, []
+    for number, case in enumerate(data):
+        problem = case_problem(case, f"case {number}")
+        if problem is None:
+            cases[case["name"]] = case
+        else:
+            problems.append(problem)
+    return cases, tuple(problems)
+
+
+def case_problem(case: Any, where: str) -> str | None:
+    if not isinstance(case, dict):
+        return mismatch(where, dict, case)
+    if "name" not in case:
+        return f"{where}: no name"
+    for key, hint in CASE_FIELDS.items():
+        if key in case:
+            problem = compiled(hint)(case[key], f"{where}.{key}")
+            if problem:
+                return problem
+    return None
+
+
+class RecordNotWritten(ResultsError):
+    """A record could not be written whole (the disk is full, say); none of it was kept."""
+
+
+def append_record(run_dir: Path, record: CellRecord) -> None:
+    """Append one record as one line: whole, or (when the disk is full) not at all."""
+    path = run_dir / CELLS_FILE
+    line = (json.dumps(record.to_dict(), sort_keys=True) + "\n").encode()
+    try:
+        append_whole(path, line)
+    except OSError as error:
+        raise RecordNotWritten(
+            f"{path}: the record of {record.cell.id} could not be written "
+            f"({error.strerror or error})"
+        ) from error
+
+
+def append_whole(path: Path, data: bytes) -> None:
+    """Append ``data`` under an exclusive lock, fsynced: all of it, or (when a write
+    fails part way) none of it, so the file still ends where it ended before."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        start = os.fstat(fd).st_size
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        except OSError:
+            os.ftruncate(fd, start)
+            raise
+    finally:
+        os.close(fd)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until every byte is written; a write that makes no progress is an error."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[written:]
+
+
+#: Held by the process running or resuming a run, for as long as it does.
+LOCK_FILE = ".ampmatrix.lock"
+
+
+@contextmanager
+def run_lock(run_dir: Path) -> Iterator[None]:
+    """One process at a time writes a run: a second ``run``/``--resume`` of the same folder
+    is refused instead of running and timing the same cells twice."""
+    fd = os.open(run_dir / LOCK_FILE, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ResultsError(
+                f"{run_dir}: another ampmatrix process is running or resuming this run"
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+#: Taken, blocking, by processes that add to a shared run's metadata (pytest-xdist workers
+#: of the pytest plugin writing one run folder).
+METADATA_LOCK_FILE = ".ampmatrix-metadata.lock"
+
+
+@contextmanager
+def metadata_lock(run_dir: Path) -> Iterator[None]:
+    fd = os.open(run_dir / METADATA_LOCK_FILE, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class RunResults:
+    run_dir: Path
+    env: dict[str, Any]
+    records: list[CellRecord] = field(default_factory=list)
+
+
+#: The fields of ``env.json`` that readers use, and the type each must have (null is
+#: always allowed): a field of another type is named as a problem and left out.
+ENV_FIELDS: dict[str, Any] = {
+    **dict.fromkeys(
+        ("torch_version", "torch_git_version", "hostname", "cpu", "python", "platform",
+         "harness_commit", "started_at", "finished_at", "cuda_version", "cuda_driver"),
+        str,
+    ),
+    **dict.fromkeys(
+        ("cudnn_version", "cpu_count", "torch_num_threads", "workers", "threads_per_worker",
+         "runner_exit_code"),
+        int,
+    ),
+    **dict.fromkeys(("gpus", "resumed"), list),
+    "load_average": list[float],
+    **dict.fromkeys(
+        ("packages", "flags", "timing", "timing_phase", "config", "peak_gflops",
+         "peak_measured_at"),
+        dict,
+    ),
+    "command": list[str],
+}  # fmt: skip
+
+
+def read_env(run_dir: Path, problems: list[str] | None = None) -> dict[str, Any]:
+    """``env.json`` as a dict. A field of the wrong type raises ResultsError naming it; when
+    a ``problems`` list is given, the message goes there and the field is left out."""
+    path = run_dir / ENV_FILE
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError as error:
+        raise ResultsError(f"{path}: missing (not a results directory?)") from error
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ResultsError(f"{path}: not valid JSON ({error})") from error
+    if not isinstance(data, dict):
+        raise ResultsError(f"{path}: expected a JSON object")
+    for key, problem in env_type_problems(data):
+        if problems is None:
+            raise ResultsError(f"{path}: {problem}")
+        problems.append(f"{path}: {problem} (left out)")
+        del data[key]
+    return data
+
+
+def env_type_problems(env: dict[str, Any]) -> list[tuple[str, str]]:
+    found = []
+    for key, hint in ENV_FIELDS.items():
+        value = env.get(key)
+        problem = None if value is None else compiled(hint)(value, key)
+        if problem:
+            found.append((key, problem))
+    return found
+
+
+def read_run_plan(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / RUN_PLAN_FILE
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError as error:
+        raise ResultsError(f"{path}: missing: this run cannot be resumed") from error
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ResultsError(f"{path}: not valid JSON ({error})") from error
+    if not isinstance(data, dict) or not all(
+        isinstance(data.get(key), list) for key in ("cells", "skipped")
+    ):
+        raise ResultsError(f"{path}: not a run plan (no lists of cells and skipped cells)")
+    return data
+
+
+def drop_partial_last_line(run_dir: Path) -> str | None:
+    """A run killed in the middle of a write can leave half a line at the end of
+    ``cells.jsonl``; cut it (it holds no complete record) so appending can go on.
+    Returns what was cut."""
+    path = run_dir / CELLS_FILE
+    if not path.exists():
+        return None
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return None
+    keep = data.rfind(b"\n") + 1
+    with path.open("r+b") as f:
+        f.truncate(keep)
+    return data[keep:].decode(errors="replace")
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """No cyclic garbage collection while reading records: reading builds hundreds of
+    thousands of small objects and no cycle, and the collector, started again and again by
+    so many new objects, only walks them (a third of the time of reading a run)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def read_record_lines(run_dir: Path, problems: list[str] | None = None) -> list[CellRecord]:
+    """Every line of ``cells.jsonl``, in the order written.
+
+    A line that cannot be read raises ResultsError naming the file and line; when a
+    ``problems`` list is given, the message goes there instead and the line is skipped, so
+    readers such as ``report`` use everything that is valid.
+    """
+    path = run_dir / CELLS_FILE
+    if not path.exists():
+        return []
+    records = []
+    with paused_gc():
+        for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+            if not raw.strip():
+                continue
+            try:
+                records.append(_parse_record(path, number, _decoded(path, number, raw)))
+            except ResultsError as error:
+                if problems is None:
+                    raise
+                problems.append(str(error))
+    return records
+
+
+def read_records(run_dir: Path, problems: list[str] | None = None) -> list[CellRecord]:
+    """One record per cell: ``cells.jsonl`` is a log, and a later line for a cell (its
+    timed record, say) supersedes an earlier one."""
+    latest: dict[str, CellRecord] = {}
+    for record in read_record_lines(run_dir, problems):
+        key = record.cell.id
+        latest.pop(key, None)
+        latest[key] = record
+    return list(latest.values())
+
+
+def _decoded(path: Path, number: int, raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        where = f"{path}:{number}"
+        raise ResultsError(f"{where}: not UTF-8 ({error.reason} at byte {error.start})") from None
+
+
+def _parse_record(path: Path, number: int, line: str) -> CellRecord:
+    try:
+        return CellRecord.from_dict(json.loads(line))
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+        raise ResultsError(f"{path}:{number}: {error}") from error
+
+
+def read_run(run_dir: Path) -> RunResults:
+    return RunResults(run_dir, read_env(run_dir), read_records(run_dir))

@@ -1,0 +1,419 @@
+"""Each cell in a process of its own: a crash, a hang or a memory blow-up costs only that cell.
+
+Children are forked from the worker (as pytest-forked does), which keeps everything a cell
+needs loaded and warm: the case modules, and the float64 reference and low-precision
+baselines of each case, computed once per case, size and device (every dtype) in a forked
+child of their own (on the cells' thread count) and handed back, so a reference fix that
+crashes or changes torch's global settings never reaches the worker. A worker that never
+starts a thread pool is safe to fork (forking a process whose OpenMP pool is running can
+hang the child); the child then sets its own thread count. A new cell process starts in
+milliseconds. The worker's torch settings are put back as they were at its start before
+each cell (``settle_worker``), and a child dies with its worker (``die_with_parent``).
+
+The parent waits for the child's record up to the cell's time limit; a child that outlives
+it is killed and recorded as ``timeout``, one that dies without a record is ``crashed`` with
+its signal or exit code. An optional memory limit (``RLIMIT_DATA``) makes an allocation
+beyond it fail inside the child as an ordinary out-of-memory error, recorded with its type.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import resource
+import signal
+import sys
+from collections.abc import Callable, Generator, Iterator
+from contextlib import closing
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from harness.measure import execute, perf, registry, torch_state, trail
+from harness.schema.config import Limits, TimingConfig
+from harness.schema.records import Cell, CellRecord, CrashKind, Outcome
+
+
+def limits_for(cell: Cell, limits: Limits) -> Limits:
+    """The run's limits, with the case's own time limit where it declares one."""
+    case = registry.find(cell.case)
+    own = case.timeout_s if case else None
+    return replace(limits, timeout_s=own) if own else limits
+
+
+#: The worker's torch settings when it started, before any case module was imported; put
+#: back before each cell or column is forked (see ``settle_worker``).
+_WORKER_STATE: torch_state.State | None = None
+
+
+def remember_worker_state() -> None:
+    """Called once as the worker starts. It computes single-threaded (see ``warm_parent``)."""
+    global _WORKER_STATE
+    _WORKER_STATE = {**torch_state.snapshot(), "threads": 1}
+
+
+def settle_worker() -> str | None:
+    """Put the worker's torch settings back as they were at its start (a case module's
+    import, say, changed them); returns a note naming what had changed, or None."""
+    if _WORKER_STATE is None:
+        return None
+    changed = torch_state.restore(_WORKER_STATE)
+    changed = [c for c in changed if not c.startswith("threads ")]
+    if not changed:
+        return None
+    return "the worker's " + torch_state.describe(changed) + " before this cell: put back"
+
+
+#: (workpiece, device) -> why the process computing its reference and baselines gave no
+#: result, or None once they are known (or raised, which each cell then records).
+_SHARED: dict[tuple[execute.Workpiece, str], str | None] = {}
+
+
+def warm_parent(cell: Cell, limits: Limits, threads: int, trace: bool = True) -> str | None:
+    """Compute (and keep) what every cell of this case and size shares, in one forked child,
+    before forking the cells: they inherit it instead of each recomputing it, and a
+    reference fix that kills its process or changes torch's global settings cannot reach
+    the worker. Returns why that child gave no result, if it did not. The worker itself
+    stays single-threaded (its children start their own thread pools); where cells are
+    traced, the dtype tracer's first use is made here too."""
+    torch.set_num_threads(1)
+    if trace:
+        trail.warm_up()
+    key = (execute.workpiece(cell), cell.device)
+    if key not in _SHARED:
+        _SHARED[key] = compute_shared(*key, limits, threads)
+    return _SHARED[key]
+
+
+def compute_shared(
+    piece: execute.Workpiece, device: str, limits: Limits, threads: int
+) -> str | None:
+    """The reference and baselines, computed with the cells' thread count: at model sizes
+    float32 rounding depends on how a matmul is split over threads, so a baseline computed
+    on one thread can be more exact than the same code on two (the tolerance derives from
+    the baseline)."""
+    forked = run_forked(
+        lambda: execute.shared_figures(piece, device),
+        limits.timeout_s,
+        threads,
+        limits.memory_bytes,
+        whose="the process computing the case's reference and baseline",
+    )
+    if forked.failure is not None:
+        return forked.failure
+    if forked.value is not None:
+        execute.remember_shared(piece, device, forked.value)
+    return None
+
+
+@dataclass(frozen=True)
+class Forked:
+    """What came back from a forked child: its value, or why none came."""
+
+    value: Any = None
+    #: None when the value came back; otherwise what happened to the child, in words.
+    failure: str | None = None
+    timed_out: bool = False
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int) -> None:
+    """On Linux, the child is killed when the process that forked it dies, so a child whose
+    worker died (its fix killed it, say) neither lingers nor holds the worker's pipes open."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # it died before the request took effect
+        os._exit(1)
+
+
+def describe_error(error: BaseException) -> str:
+    """``Type: message``, even for an exception whose ``str()`` itself fails."""
+    message = execute.error_text(error)
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+
+
+def describe_exit(exitcode: int | None, whose: str = "the cell's process") -> str:
+    if exitcode is None:
+        return f"{whose} did not exit"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = "unknown signal"
+        return f"{whose} died from signal {-exitcode} ({name})"
+    return f"{whose} exited with code {exitcode} without a result"
+
+
+def run_forked(
+    work: Callable[[], Any],
+    timeout_s: float,
+    threads: int,
+    memory_bytes: int | None = None,
+    whose: str = "the cell's process",
+) -> Forked:
+    """``work()`` in a forked child (nothing is pickled on the way in; its value is on the
+    way back), killed after ``timeout_s``; a child that dies says how."""
+    with ForkedStream(lambda send: send(work()), threads, memory_bytes, whose) as stream:
+        return stream.next(timeout_s)
+
+
+def run_cell_isolated(
+    cell: Cell, worker: str, limits: Limits, threads: int, trace: bool = True
+) -> CellRecord:
+    """Run one cell in a child process, within its limits; always returns a record."""
+    with closing(run_cells_isolated([cell], worker, lambda _: limits, threads, trace)) as one:
+        return next(one)
+
+
+def run_cells_isolated(
+    cells: list[Cell],
+    worker: str,
+    limits_of: Callable[[Cell], Limits],
+    threads: int,
+    trace: bool = True,
+) -> Generator[CellRecord, None, None]:
+    """Run cells of one case in order, all in one forked child, each record coming back as
+    its cell ends: one fork instead of one per cell. Each cell keeps its own time limit.
+    When a cell kills the child or overruns, it is recorded as such and every cell after it
+    runs in a child of its own (``run_cell_isolated``)."""
+    settled = settle_worker()
+    shared_failure = warm_parent(cells[0], limits_of(cells[0]), threads, trace)
+    if shared_failure is not None:
+        for cell in cells:
+            yield shared_failed(cell, shared_failure, worker)
+        return
+    stream = ForkedStream(
+        lambda send: run_cells_in_child(cells, worker, trace, send),
+        threads,
+        limits_of(cells[0]).memory_bytes,
+    )
+    with stream:
+        for n, cell in enumerate(cells):
+            got = stream.next(limits_of(cell).timeout_s)
+            if got.failure is None:
+                record = CellRecord.from_dict(got.value)
+                yield replace(record, note=execute.join_notes(settled, record.note))
+                continue
+            yield failed_cell(cell, got, worker)
+            for rest in cells[n + 1 :]:
+                yield run_cell_isolated(rest, worker, limits_of(rest), threads, trace)
+            return
+
+
+def batch_records(
+    cells: list[Cell],
+    worker: str,
+    limits_of: Callable[[Cell], Limits],
+    threads: int,
+    trace: bool = True,
+) -> Iterator[CellRecord]:
+    """Each cell's record as it ends (``run_cells_isolated``); where the harness itself
+    failed around the cells, a record of each cell left that says why."""
+    done = 0
+    try:
+        for record in run_cells_isolated(cells, worker, limits_of, threads, trace):
+            done += 1
+            yield record
+    except Exception as error:  # the harness failed around the cells: record why
+        for cell in cells[done:]:
+            yield execute.harness_failure(cell, error, worker)
+
+
+def run_cells_in_child(
+    cells: list[Cell], worker: str, trace: bool, send: Callable[[Any], None]
+) -> None:
+    for cell in cells:
+        send(execute.run_cell(cell, worker, trace).to_dict())
+
+
+def shared_failed(cell: Cell, failure: str, worker: str) -> CellRecord:
+    return execute.limit_record(
+        cell, Outcome.CRASHED, "ReferenceFailed", failure, worker, CrashKind.REFERENCE_FAILED
+    )
+
+
+def failed_cell(cell: Cell, forked: Forked, worker: str) -> CellRecord:
+    """The record of a cell whose process gave no record: it overran, or died."""
+    assert forked.failure is not None
+    if forked.timed_out:
+        return execute.limit_record(cell, Outcome.TIMEOUT, "Timeout", forked.failure, worker)
+    return execute.limit_record(
+        cell, Outcome.CRASHED, "ProcessDied", forked.failure, worker, CrashKind.PROCESS_DIED
+    )
+
+
+class ForkedStream:
+    """A forked child that sends values one at a time (``work(send)``), read with a time
+    limit for each; a child that dies or overruns says how, and is killed."""
+
+    def __init__(
+        self,
+        work: Callable[[Callable[[Any], None]], None],
+        threads: int,
+        memory: int | None,
+        whose: str = "the cell's process",
+    ) -> None:
+        context = multiprocessing.get_context("fork")
+        self.whose = whose
+        self.receive, send = context.Pipe(duplex=False)
+        # Not a daemon: inductor's compile workers are children of the child (torch 2.1-2.3).
+        self.child = context.Process(
+            target=_child, args=(send, work, memory, threads, os.getpid())
+        )
+        self.child.start()
+        send.close()
+
+    def __enter__(self) -> ForkedStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.receive.close()
+        if self.child.is_alive():
+            self.child.kill()
+        self.child.join()
+
+    def next(self, timeout_s: float) -> Forked:
+        if self.receive.poll(timeout_s):
+            try:
+                ok, value = self.receive.recv()
+                if ok:
+                    return Forked(value=value)
+                return Forked(failure=f"{self.whose} failed without a result: {value}")
+            except EOFError:
+                pass  # the child died before sending: below
+        elif self.child.is_alive():
+            self.child.kill()
+            self.child.join()
+            failure = f"no result after {timeout_s:g} s: {self.whose} was killed"
+            return Forked(failure=failure, timed_out=True)
+        self.child.join()
+        return Forked(failure=describe_exit(self.child.exitcode, self.whose))
+
+
+def _child(
+    conn: Connection,
+    work: Callable[[Callable[[Any], None]], None],
+    memory_bytes: int | None,
+    threads: int,
+    parent: int,
+) -> None:
+    """In the child: set limits, do the work, sending each value as soon as it exists, or
+    what stopped it (any exception the work let out, ``KeyboardInterrupt`` and
+    ``SystemExit`` included)."""
+    try:
+        die_with_parent(parent)
+        if memory_bytes:
+            resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))
+        torch.set_num_threads(threads)
+        work(lambda value: conn.send((True, value)))
+    except BaseException as error:  # everything goes back to the parent
+        conn.send((False, describe_error(error)))
+    conn.close()
+
+
+Column = list[CellRecord]
+
+
+def time_columns_isolated(
+    columns: list[Column], config: TimingConfig, worker: str, limits: Limits, threads: int
+) -> Generator[list[CellRecord], None, None]:
+    """Time columns of one case in order, all in one forked child, each column's records
+    coming back as it ends: the child's start (fork, thread pool, the profiler's first use,
+    a CUDA context) is paid once, not per column. The cells of a column that kills the
+    child or overruns are then timed each alone, and every column after it in a child of
+    its own (``time_column_isolated``)."""
+    settle_worker()
+    perf.warm_up()
+    stream = ForkedStream(
+        lambda send: time_columns_in_child(columns, config, worker, send),
+        threads,
+        limits.memory_bytes,
+        whose="the timing process",
+    )
+    with stream:
+        for n, column in enumerate(columns):
+            got = stream.next(limits.timeout_s * len(column))
+            if got.failure is None:
+                timed = [CellRecord.from_dict(data) for data in got.value]
+                remember_peaks(timed)
+                yield timed
+                continue
+            yield [
+                alone_note(time_column_isolated([r], config, worker, limits, threads)[0])
+                for r in column
+            ]
+            for rest in columns[n + 1 :]:
+                yield time_column_isolated(rest, config, worker, limits, threads)
+            return
+
+
+def timed_columns(
+    columns: list[Column], config: TimingConfig, worker: str, limits: Limits, threads: int
+) -> Iterator[list[CellRecord]]:
+    """Each column's records as it ends (``time_columns_isolated``); where the harness
+    itself failed, the columns left keep their correctness records, with why timing failed."""
+    done = 0
+    try:
+        for timed in time_columns_isolated(columns, config, worker, limits, threads):
+            done += 1
+            yield timed
+    except Exception as error:  # keep each correctness record, say why timing failed
+        failure = f"{type(error).__name__}: {error}"[: execute.MAX_MESSAGE]
+        for column in columns[done:]:
+            yield [replace(r, timing_error=failure) for r in column]
+
+
+def time_columns_in_child(
+    columns: list[Column], config: TimingConfig, worker: str, send: Callable[[Any], None]
+) -> None:
+    for column in columns:
+        send([r.to_dict() for r in execute.time_column(column, config, worker)])
+
+
+def time_column_isolated(
+    records: list[CellRecord], config: TimingConfig, worker: str, limits: Limits, threads: int
+) -> list[CellRecord]:
+    """Time a column in a child process. If the child dies or overruns, each cell is timed
+    again alone, so a fix that kills its process costs only its own figures."""
+    settle_worker()
+    perf.warm_up()
+    forked = run_forked(
+        lambda: [r.to_dict() for r in execute.time_column(records, config, worker)],
+        limits.timeout_s * len(records),
+        threads,
+        limits.memory_bytes,
+        whose="the timing process",
+    )
+    if forked.failure is None:
+        timed = [CellRecord.from_dict(data) for data in forked.value]
+        remember_peaks(timed)
+        return timed
+    if len(records) == 1:
+        failure = f"timing failed: {forked.failure}"[: execute.MAX_MESSAGE]
+        return [replace(records[0], timing_error=failure)]
+    return [
+        alone_note(time_column_isolated([r], config, worker, limits, threads)[0]) for r in records
+    ]
+
+
+def alone_note(record: CellRecord) -> CellRecord:
+    note = "timed alone: another fix of its column killed the shared timing process"
+    return replace(record, note=execute.join_notes(record.note, note))
+
+
+def remember_peaks(records: list[CellRecord]) -> None:
+    """The device peaks a child measured, kept in this process so later children (forked
+    from it) reuse them instead of measuring the large GEMM again."""
+    for record in records:
+        if record.perf and record.perf.peak_gflops:
+            measured_at = record.perf.peak_measured_at or ""
+            perf.remember_peak(
+                record.cell.device, record.cell.dtype, record.perf.peak_gflops, measured_at
+            )

@@ -1,0 +1,160 @@
+"""The run configuration: built once from the command line, frozen, stored with the run.
+
+``run`` builds it, writes it into ``run-plan.json``; ``--resume`` and the pytest plugin (in
+every worker) read it back from there, so each part of a run sees the same settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.schema.selection import Selection
+from harness.schema.typed import as_mapping, as_tuple, check_fields, mismatch
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    warmup_s: float = 0.05
+    min_warmup_calls: int = 2
+    #: One sample is a block of calls lasting at least this long.
+    min_block_s: float = 0.01
+    min_samples: int = 7
+    #: Timed calls per function at the least, whatever the budget: a cell also spends about
+    #: three calls' time untimed (its warm-up, and its FLOP and memory count, which runs
+    #: slower than a plain call), and 20 timed calls keep that near a seventh of its time.
+    min_calls: int = 20
+    max_samples: int = 500
+    #: Stop once IQR / median falls under this.
+    iqr_threshold: float = 0.03
+    #: Wall time allowed for sampling, after warm-up.
+    budget_s: float = 0.5
+    flush_l2: bool = False
+    #: Stop early, as noisy, once the worst spread has not shrunk by a tenth for this many
+    #: rounds: on a loaded machine more samples do not settle it, they only spend the budget.
+    plateau_rounds: int = 20
+
+
+DEFAULT_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    memory_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    selection: Selection = field(default_factory=Selection)
+    cases_dirs: tuple[Path, ...] = ()
+    results_root: Path = Path("results")
+    workers: str = "auto"
+    command: tuple[str, ...] = ()
+    #: None: correctness only (``--no-timing``).
+    timing: TimingConfig | None = field(default_factory=TimingConfig)
+    limits: Limits = field(default_factory=Limits)
+    #: Trace dtypes in correctness cells (``--no-trace`` turns it off, to measure its cost).
+    trace: bool = True
+    #: At most this many cells of one case share a forked process in the correctness phase
+    #: (``--batch``; 1: every cell in a process of its own).
+    batch: int = 16
+    #: Models checked by ``check`` (``MODULE:FACTORY``), the folder their modules are
+    #: imported from, and the names they keep in float32 (``--keep-fp32``).
+    models: tuple[str, ...] = ()
+    models_path: str = ""
+    keep_fp32: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "selection": dataclasses.asdict(self.selection),
+            "cases_dirs": [str(Path(d).resolve()) for d in self.cases_dirs],
+            "results_root": str(self.results_root),
+            "workers": self.workers,
+            "command": list(self.command),
+            "timing": dataclasses.asdict(self.timing) if self.timing else None,
+            "limits": dataclasses.asdict(self.limits),
+            "trace": self.trace,
+            "batch": self.batch,
+            "models": list(self.models),
+            "models_path": self.models_path,
+            "keep_fp32": list(self.keep_fp32),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        """The configuration as stored; a value of the wrong type or out of range is a
+        ``TypeError`` / ``ValueError`` naming its field."""
+        data = as_mapping(data, "config")
+        selection = {
+            k: as_tuple(v, f"selection.{k}")
+            for k, v in as_mapping(data.get("selection") or {}, "selection").items()
+        }
+        timing = data.get("timing")
+        config = cls(
+            selection=Selection(**selection),
+            cases_dirs=absolute_paths(data.get("cases_dirs"), "cases_dirs"),
+            results_root=Path(data.get("results_root") or "results"),
+            workers=data.get("workers", "auto"),
+            command=strings(data.get("command"), "command"),
+            timing=TimingConfig(**as_mapping(timing, "timing")) if timing is not None else None,
+            limits=Limits(**as_mapping(data.get("limits") or {}, "limits")),
+            trace=data.get("trace", True),
+            batch=data.get("batch", 1),  # runs before batching ran a cell per process
+            models=strings(data.get("models"), "models"),
+            models_path=data.get("models_path") or "",
+            keep_fp32=strings(data.get("keep_fp32"), "keep_fp32"),
+        )
+        for part in (config.selection, config.limits, config.timing):
+            if part is not None:
+                check_fields(part, f"{type(part).__name__}.")
+        for name, value in (
+            ("results_root", data.get("results_root")),
+            ("workers", config.workers),
+            ("models_path", config.models_path),
+        ):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(mismatch(name, str, value))
+        if not isinstance(config.trace, bool):
+            raise TypeError(mismatch("trace", bool, config.trace))
+        if not isinstance(config.batch, int) or isinstance(config.batch, bool) or config.batch < 1:
+            raise ValueError(f"batch: expected a positive whole number, got {config.batch!r}")
+        check_limits(config.limits)
+        return config
+
+    @classmethod
+    def of_run_plan(cls, saved: dict[str, Any]) -> RunConfig:
+        """The configuration stored in a ``run-plan.json`` (runs of older versions kept its
+        parts at the top level)."""
+        return cls.from_dict(saved.get("config", saved))
+
+
+def strings(value: Any, name: str) -> tuple[str, ...]:
+    values = as_tuple(value, name)
+    for i, v in enumerate(values):
+        if not isinstance(v, str):
+            raise TypeError(mismatch(f"{name}[{i}]", str, v))
+    return values
+
+
+def check_limits(limits: Limits) -> None:
+    """A time limit is a positive, finite number of seconds; a memory limit positive."""
+    if not (0 < limits.timeout_s < math.inf):
+        raise ValueError(f"limits.timeout_s: expected a positive number, got {limits.timeout_s}")
+    if limits.memory_bytes is not None and limits.memory_bytes <= 0:
+        raise ValueError(
+            f"limits.memory_bytes: expected a positive number, got {limits.memory_bytes}"
+        )
+
+
+def absolute_paths(value: Any, name: str) -> tuple[Path, ...]:
+    """A run plan names its case folders by absolute path (``to_dict`` resolves them); a
+    relative one would be read against whatever folder ``--resume`` runs in."""
+    paths = tuple(Path(p) for p in strings(value, name))
+    for i, path in enumerate(paths):
+        if not path.is_absolute():
+            raise ValueError(f"{name}[{i}]: expected an absolute path, got {str(path)!r}")
+    return paths

@@ -1,0 +1,436 @@
+"""Cell specs, outcomes and records: the data that flows from measuring to reporting.
+
+The project's vocabulary is defined here, once, and imports no torch: a cell's identity
+(:attr:`Cell.id`), the column it is compared in (:attr:`Cell.column`), and the outcome
+labels every view prints (:data:`LABELS`, :func:`outcome_label`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import Enum
+from functools import cache
+from typing import Any
+
+from harness.schema.axes import SMALL_SIZE
+from harness.schema.trail_records import Trail
+from harness.schema.typed import as_mapping, as_tuple, built, check_fields, mismatch
+
+#: Bumped whenever a record's fields change meaning; readers refuse newer versions.
+#: 3: numerics name their yardsticks (``rounding_rel_err``, ``decided_by``, ``factor``;
+#: ``baseline_rel_err`` is a different fix's error only) and flags carry a ``share``.
+SCHEMA_VERSION = 3
+
+
+class Outcome(str, Enum):
+    RAISES = "raises"
+    PASSES = "passes"
+    INACCURATE = "inaccurate"
+    SKIPPED = "skipped"
+    TIMEOUT = "timeout"
+    CRASHED = "crashed"
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    """One case x fix x device x dtype x mode x backend: a spec, never a result."""
+
+    case: str
+    fix: str
+    device: str
+    dtype: str
+    mode: str
+    backend: str
+    #: ``eager``, or ``inductor`` for a fix run under ``torch.compile``.
+    compile: str = "eager"
+    #: The workload size: ``small`` (toy dimensions, for CI and correctness) or
+    #: ``upstream`` (the real model's dimensions, from the config the case cites).
+    size: str = SMALL_SIZE
+
+    @property
+    def id(self) -> str:
+        """The cell's identity: ``case[fix,device,dtype,mode,backend]``, with ``,inductor``
+        appended for a compiled cell and ``,size=upstream`` for a cell not of the small size
+        (so the ids of records written before the size axis stay what they were)."""
+        compiled = "" if self.compile == "eager" else f",{self.compile}"
+        size = "" if self.size == SMALL_SIZE else f",size={self.size}"
+        return (
+            f"{self.case}[{self.fix},{self.device},{self.dtype},{self.mode},{self.backend}"
+            f"{compiled}{size}]"
+        )
+
+    @property
+    def fix_and_backend(self) -> str:
+        """A row label for tables whose case ran several backends: ``fix [backend]``."""
+        return f"{self.fix} [{self.backend}]"
+
+    def row(self, show_backend: bool) -> str:
+        """The row label of tables: the fix, its backend where a case ran several, and how it
+        was compiled where it was (``none (inductor)``)."""
+        label = self.fix_and_backend if show_backend else self.fix
+        return label if self.compile == "eager" else f"{label} ({self.compile})"
+
+    @property
+    def column(self) -> Column:
+        """The cells compared side by side (timed together, ranked against each other):
+        never across workload sizes."""
+        return Column(self.case, self.device, self.dtype, self.mode, self.size)
+
+    def to_dict(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Cell:
+        """A cell from its fields (records written before the compile axis are eager)."""
+        data = as_mapping(data, "cell")
+        given = [data.get(name, default) for name, default in cell_defaults()]
+        if {str}.issuperset(map(type, given)) and all(given):  # every name given, non-empty
+            return cls(*given)
+        values = {}
+        for f in dataclasses.fields(cls):
+            if f.name in data:
+                values[f.name] = data[f.name]
+                if not isinstance(values[f.name], str) or not values[f.name]:
+                    raise TypeError(mismatch(f.name, "a name", values[f.name]))
+            elif f.default is dataclasses.MISSING:
+                raise KeyError(f.name)
+        return cls(**values)
+
+
+@cache
+def cell_defaults() -> tuple[tuple[str, Any], ...]:
+    """Each field of a cell with its default (``dataclasses.MISSING`` where it has none)."""
+    return tuple((f.name, f.default) for f in dataclasses.fields(Cell))
+
+
+@dataclass(frozen=True, order=True)
+class Column:
+    """One case, device, dtype and mode: the fixes of a column are compared with each other."""
+
+    case: str
+    device: str
+    dtype: str
+    mode: str
+    size: str = SMALL_SIZE
+
+    @property
+    def id(self) -> str:
+        size = "" if self.size == SMALL_SIZE else f",size={self.size}"
+        return f"{self.case}[{self.device},{self.dtype},{self.mode}{size}]"
+
+
+class CrashKind(str, Enum):
+    """Why a cell has no outcome of its own (``crashed``)."""
+
+    #: The cell's process died (a signal, or an exit without a record).
+    PROCESS_DIED = "process-died"
+    #: The pytest-xdist worker running the cell died.
+    WORKER_DIED = "worker-died"
+    #: The case's reference fix failed in float64, so nothing can be judged.
+    REFERENCE_FAILED = "reference-failed"
+    #: The workload could not be prepared: ``build()`` raised, or the precision could not be
+    #: applied to it (a ``keep_fp32`` name the model lacks).
+    WORKLOAD_FAILED = "workload-failed"
+    #: The case broke the contract (e.g. a fix returned something that is not tensors).
+    CONTRACT = "contract"
+    #: The harness itself failed on this cell.
+    HARNESS = "harness"
+
+
+#: The flag of a cell that ran but left its mode's promise (see :mod:`harness.measure.precision`).
+DRIFT = "drift"
+
+
+@dataclass(frozen=True)
+class Flag:
+    """Something a cell's precision mode promised and the cell did not do. A flagged cell is
+    never a plain ``passes``: its label carries the flag's kind."""
+
+    kind: str
+    detail: str
+    #: How much of the cell's work it touched: for ``drift``, the share of the matmul and
+    #: attention FLOPs computed wider (None where unknown or not a matter of FLOPs).
+    share: float | None = None
+
+    def describe(self) -> str:
+        return f"{self.kind}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """Error of a cell's output against the float64 reference, and the tolerance used."""
+
+    max_abs_err: float
+    rel_err: float
+    #: The error of a different, trusted fix run plainly in the cell's dtype (None for a
+    #: cell of that fix itself, which would be judged against itself).
+    baseline_rel_err: float | None
+    tolerance: float
+    tolerance_rule: str
+    finite: bool
+    #: The output leaf these figures are from (the worst one), for outputs of many tensors.
+    leaf: str | None = None
+    #: The error of merely rounding the weights and inputs to the cell's dtype (evaluated in
+    #: float64): the yardstick that never depends on the code under test.
+    rounding_rel_err: float | None = None
+    #: The yardstick that set the tolerance (``rounding to float16``, ``fix sdpa``,
+    #: ``eps(float16)``) and the factor it was multiplied by.
+    decided_by: str | None = None
+    factor: float | None = None
+
+
+#: A cell whose timed median exceeds its device time by more than this factor is
+#: launch-bound.
+LAUNCH_BOUND = 2.0
+
+
+def launch_bound(timed_s: float, device_s: float) -> bool:
+    return timed_s > LAUNCH_BOUND * device_s
+
+
+@dataclass(frozen=True)
+class Perf:
+    """Speed, throughput and memory of a cell that ran (see ``harness.measure.perf``)."""
+
+    time_samples: list[float]
+    time_block: int
+    time_median_s: float
+    time_iqr_s: float
+    time_min_s: float
+    time_count: int
+    time_noisy: bool
+    timer: str
+    threads: int
+    flops: int | None
+    gflops: float | None
+    peak_gflops: float | None
+    peak_fraction: float | None
+    peak_mem_bytes: int
+    mem_method: str
+    timing_worker: str | None = None
+    #: When this machine's peak GEMM figure was measured (it is cached and reused).
+    peak_measured_at: str | None = None
+    #: On CUDA, per call, the time the device was busy with the call's kernels (from the
+    #: profiler, over ``device_time_calls`` calls): the time without the host's launches.
+    device_time_s: float | None = None
+    device_time_calls: int | None = None
+
+    @property
+    def launch_bound(self) -> bool:
+        """The timed figure is more than LAUNCH_BOUND times the device's: the host's Python
+        and kernel launches set it, not the kernels."""
+        device = self.device_time_s
+        return device is not None and launch_bound(self.time_median_s, device)
+
+    @property
+    def speed_s(self) -> float:
+        """The figure speed is judged by: the device time where the cell is launch-bound
+        (comparing wall times there compares the fixes' Python), else the timed median."""
+        if self.launch_bound and self.device_time_s is not None:
+            return self.device_time_s
+        return self.time_median_s
+
+    @property
+    def speed_clock(self) -> str:
+        return "device time (launch-bound)" if self.launch_bound else "wall time"
+
+
+#: Sub-records flattened into the record's JSON object, and the field that says one is there.
+NESTED = {"numerics": (Numerics, "tolerance"), "perf": (Perf, "time_median_s")}
+#: Fields of a record built from more than their own JSON value.
+TYPED_FIELDS = (
+    "cell",
+    "outcome",
+    "flags",
+    "error_frames",
+    "warnings",
+    "leaves",
+    "crash_kind",
+    "trail",
+    *NESTED,
+)
+
+
+@cache
+def field_names(kind: type) -> tuple[str, ...]:
+    """A dataclass's field names, read once (reading a run builds thousands of records)."""
+    return tuple(f.name for f in dataclasses.fields(kind))
+
+
+def taken(names: tuple[str, ...], data: dict[str, Any]) -> dict[str, Any]:
+    """The values of ``names`` in ``data`` (None where one is absent)."""
+    return dict(zip(names, map(data.get, names), strict=True))
+
+
+@cache
+def plain_field_names() -> tuple[str, ...]:
+    """The fields of a record taken from the JSON object as they are."""
+    return tuple(name for name in field_names(CellRecord) if name not in TYPED_FIELDS)
+
+
+@dataclass(frozen=True)
+class CellRecord:
+    """What one cell did. Flattened to one JSON object per line in ``cells.jsonl``."""
+
+    cell: Cell
+    torch_version: str
+    outcome: Outcome
+    reproduces: bool | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    #: Innermost frames of the case's own code where the error was raised (``file:line in f``).
+    error_frames: tuple[str, ...] = ()
+    crash_kind: CrashKind | None = None
+    flags: tuple[Flag, ...] = ()
+    out_dtype: str | None = None
+    attn_dtype: str | None = None
+    numerics: Numerics | None = None
+    skip_reason: str | None = None
+    #: The plain low-precision baseline failed: the tolerance fell back to the dtype's eps.
+    baseline_error: str | None = None
+    note: str | None = None
+    duration_s: float | None = None
+    worker: str | None = None
+    perf: Perf | None = None
+    #: Timing was tried and failed (``Type: message``); the correctness record stands.
+    timing_error: str | None = None
+    #: For an output of several tensors: each leaf's figures (``numerics`` is the worst).
+    leaves: dict[str, Numerics] | None = None
+    #: The error came from ``torch.compile`` itself (Dynamo or Inductor), not eager code.
+    compile_error: bool | None = None
+    #: Warnings the fix raised (``Category: first line``, distinct, at most five).
+    warnings: tuple[str, ...] = ()
+    #: Where a wider dtype entered and where the cell failed (``promotion``,
+    #: ``failure_site`` and ``compute_dtypes`` in the JSON object).
+    trail: Trail | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"schema_version": SCHEMA_VERSION, **self.cell.to_dict()}
+        for f in dataclasses.fields(self):
+            if f.name == "cell":
+                continue
+            value = getattr(self, f.name)
+            if f.name in NESTED:
+                kind = NESTED[f.name][0]
+                nested = dataclasses.asdict(value) if value else {}
+                data.update({g.name: nested.get(g.name) for g in dataclasses.fields(kind)})
+            elif f.name == "flags":
+                data[f.name] = [dataclasses.asdict(flag) for flag in value]
+            elif f.name in ("error_frames", "warnings"):
+                data[f.name] = list(value)
+            elif f.name == "leaves":
+                data[f.name] = (
+                    {k: dataclasses.asdict(v) for k, v in value.items()} if value else None
+                )
+            elif f.name == "trail":
+                data.update(value.to_dict() if value else Trail().to_dict())
+            else:
+                data[f.name] = value.value if isinstance(value, Enum) else value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CellRecord:
+        data = as_mapping(data, "record")
+        version = data.get("schema_version")
+        if not isinstance(version, int) or isinstance(version, bool) or version > SCHEMA_VERSION:
+            raise ValueError(
+                f"schema_version {version!r} is not supported (this ampmatrix reads up to "
+                f"{SCHEMA_VERSION}); upgrade ampmatrix to read it"
+            )
+        if version < 2:
+            data = migrate_v1(data)
+        nested: dict[str, Any] = {
+            name: built(kind, taken(field_names(kind), data))
+            if data.get(marker) is not None
+            else None
+            for name, (kind, marker) in NESTED.items()
+        }
+        plain = taken(plain_field_names(), data)
+        crash_kind = data.get("crash_kind")
+        leaves = data.get("leaves")
+        typed: dict[str, Any] = dict(
+            cell=Cell.from_dict(data),
+            outcome=Outcome(data["outcome"]),
+            flags=tuple(
+                Flag(**as_mapping(f, "flags")) for f in as_tuple(data.get("flags"), "flags")
+            ),
+            error_frames=as_tuple(data.get("error_frames"), "error_frames"),
+            warnings=as_tuple(data.get("warnings"), "warnings"),
+            leaves={
+                k: Numerics(**as_mapping(v, f"leaves[{k!r}]"))
+                for k, v in as_mapping(leaves, "leaves").items()
+            }
+            if leaves
+            else None,
+            crash_kind=CrashKind(crash_kind) if crash_kind else None,
+            trail=Trail.from_dict(data),
+        )
+        record = built(cls, typed | nested | plain)
+        check_fields(record)
+        return record
+
+
+V1_TIMING_FAILED = "timing failed: "
+V1_CRASH_KINDS = {
+    "ProcessDied": CrashKind.PROCESS_DIED,
+    "WorkerCrashed": CrashKind.WORKER_DIED,
+    "HarnessError": CrashKind.HARNESS,
+}
+
+
+def migrate_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """Schema 1 kept a timing failure in ``note`` and a crash's kind in ``error_type``."""
+    data = dict(data)
+    if not isinstance(data.get("note") or "", str):
+        raise TypeError(mismatch("note", str | None, data["note"]))
+    notes = [n for n in (data.get("note") or "").split("; ") if n]
+    failed = [n for n in notes if n.startswith(V1_TIMING_FAILED)]
+    if failed:
+        data["timing_error"] = failed[0].removeprefix(V1_TIMING_FAILED)
+        data["note"] = "; ".join(n for n in notes if n not in failed) or None
+    if data.get("outcome") == Outcome.CRASHED.value:
+        kind = V1_CRASH_KINDS.get(str(data.get("error_type")))
+        data["crash_kind"] = kind.value if kind else None
+    return data
+
+
+@dataclass(frozen=True)
+class Label:
+    """An outcome as every view names it, with its CSS class and its meaning."""
+
+    text: str
+    css: str
+    meaning: str
+
+
+REPRODUCES = "raises:repro"
+#: Every outcome label, in the order tables and legends list them.
+LABELS = (
+    Label(REPRODUCES, "raises-repro", "fails with the case's known error (it reproduces)"),
+    Label("raises:OTHER", "raises-other", "fails with a different, unexpected error"),
+    Label("inaccurate", "inaccurate", "ran, but beyond tolerance, non-finite or misshapen"),
+    Label("passes", "passes", "finite and within tolerance of the float64 reference"),
+    Label(
+        "crashed", "crashed", "no outcome: the process died, or the reference or harness failed"
+    ),
+    Label("timeout", "timeout", "ran past its time limit"),
+    Label("skipped", "skipped", "not possible in that environment"),
+    Label("raises", "raises-other", "fails with an error (a model you check: no known one)"),
+)
+
+
+def base_label(record: CellRecord) -> str:
+    """The outcome's label without flags: ``raises:repro``, ``passes``, ..."""
+    if record.outcome is Outcome.RAISES:
+        if record.reproduces is None:
+            return Outcome.RAISES.value  # no known failure to match (a model you check)
+        return REPRODUCES if record.reproduces else "raises:OTHER"
+    return record.outcome.value
+
+
+def outcome_label(record: CellRecord) -> str:
+    """The label every view prints: flags follow in brackets (``passes[no-autocast]``), so a
+    flagged cell never reads as a plain ``passes``."""
+    flags = ",".join(dict.fromkeys(flag.kind for flag in record.flags))
+    return f"{base_label(record)}[{flags}]" if flags else base_label(record)

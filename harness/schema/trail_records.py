@@ -1,0 +1,164 @@
+"""The dtype trail of a cell as data: where a wider dtype entered, where the cell failed, and
+what the matmul and attention kernels computed in. No torch: reports read these."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.schema.typed import as_mapping, as_tuple
+
+
+@dataclass(frozen=True)
+class Site:
+    """An op in the model: its name, where it ran, and the dtypes it received."""
+
+    op: str
+    #: Dotted module path from the outermost module on the stack (``layers.0.self_attn``);
+    #: the root module's class name when the op ran in the root's own code.
+    module: str | None = None
+    #: ``file:line`` of the innermost frame in the case's or model's own code.
+    location: str | None = None
+    input_dtypes: tuple[str, ...] = ()
+    #: ``bfloat16`` when the op ran with autocast on (to that dtype), else None.
+    autocast: str | None = None
+
+    def where(self) -> str:
+        """``in layers.0 (model.py:12)``, or whichever of the two is known."""
+        module = f"in {self.module}" if self.module else ""
+        location = f"({self.location})" if self.location else ""
+        return " ".join(p for p in (module, location) if p)
+
+    def describe(self) -> str:
+        inputs = f" [{runs_of(self.input_dtypes)}]" if self.input_dtypes else ""
+        amp = f" under autocast({self.autocast})" if self.autocast else ""
+        where = self.where()
+        return f"{self.op}{inputs}{amp}" + (f" {where}" if where else "")
+
+
+def runs_of(dtypes: tuple[str, ...]) -> str:
+    """``float32, float32, float16`` -> ``2x float32, float16``."""
+    runs: list[list[Any]] = []
+    for dtype in dtypes:
+        if runs and runs[-1][0] == dtype:
+            runs[-1][1] += 1
+        else:
+            runs.append([dtype, 1])
+    return ", ".join(f"{n}x {d}" if n > 1 else d for d, n in runs)
+
+
+@dataclass(frozen=True)
+class Promotion:
+    """The first op whose output left the cell's low-precision dtype for a wider one."""
+
+    site: Site
+    output_dtype: str
+    #: What carried the wider dtype in: ``parameter norm.weight``, ``explicit cast``, ...
+    carrier: str
+
+    def describe(self) -> str:
+        where = self.site.where()
+        return f"{self.output_dtype} enters via {self.carrier} at {self.site.op}" + (
+            f" {where}" if where else ""
+        )
+
+
+@dataclass(frozen=True)
+class Island:
+    """Where matmul or attention kernels first computed wider than the cell's dtype, and the
+    share of the cell's matmul and attention FLOPs computed wider in all (None: unknown)."""
+
+    site: Site
+    dtype: str
+    share: float | None = None
+
+    def describe(self) -> str:
+        share = f"{self.share * 100:.2g}%" if self.share is not None else "an unknown share"
+        where = self.site.where()
+        return (
+            f"{share} of the matmul and attention FLOPs in {self.dtype}, from {self.site.op}"
+            + (f" {where}" if where else "")
+        )
+
+
+@dataclass(frozen=True)
+class Drift:
+    """What of a run computed wider than the cell's dtype (not stored: it becomes a flag,
+    or a note and the trail's island)."""
+
+    #: Kernel kind -> the wider dtypes it computed in.
+    kinds: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: The share of the matmul and attention FLOPs computed wider (None: unknown).
+    share: float | None = None
+    #: Every wide island's values came back in the cell's dtype before the output.
+    contained: bool = False
+    island: Island | None = None
+
+
+@dataclass(frozen=True)
+class Trail:
+    promotion: Promotion | None = None
+    failure_site: Site | None = None
+    #: Kernel kind (``matmul``, ``attention``) -> the dtypes its inputs had, in order seen.
+    compute_dtypes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: Where kernels computed wider than the cell's dtype, and their share of the FLOPs.
+    island: Island | None = None
+
+    def describe(self) -> str | None:
+        """``float32 enters via ... at aten::mul in norm (x.py:12), fails at ...``."""
+        parts = []
+        if self.promotion:
+            parts.append(self.promotion.describe())
+        if self.failure_site:
+            parts.append(f"fails at {self.failure_site.describe()}")
+        return ", ".join(parts) or None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "promotion": dataclasses.asdict(self.promotion) if self.promotion else None,
+            "failure_site": dataclasses.asdict(self.failure_site) if self.failure_site else None,
+            "compute_dtypes": {k: list(v) for k, v in self.compute_dtypes.items()},
+            "island": dataclasses.asdict(self.island) if self.island else None,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Trail | None:
+        promotion, failure, compute = (
+            data.get("promotion"),
+            data.get("failure_site"),
+            data.get("compute_dtypes"),
+        )
+        island = data.get("island")
+        if promotion is None and failure is None and not compute and not island:
+            return None
+        return cls(
+            island=island_from(as_mapping(island, "island")) if island else None,
+            promotion=promotion_from(as_mapping(promotion, "promotion")) if promotion else None,
+            failure_site=site_from(as_mapping(failure, "failure_site")) if failure else None,
+            compute_dtypes={
+                k: as_tuple(v, f"compute_dtypes[{k!r}]")
+                for k, v in as_mapping(compute or {}, "compute_dtypes").items()
+            },
+        )
+
+
+def promotion_from(data: dict[str, Any]) -> Promotion:
+    return Promotion(
+        site=site_from(as_mapping(data["site"], "promotion.site")),
+        output_dtype=data["output_dtype"],
+        carrier=data["carrier"],
+    )
+
+
+def island_from(data: dict[str, Any]) -> Island:
+    share = data.get("share")
+    return Island(
+        site=site_from(as_mapping(data["site"], "island.site")),
+        dtype=data["dtype"],
+        share=float(share) if share is not None else None,
+    )
+
+
+def site_from(data: dict[str, Any]) -> Site:
+    return Site(**{**data, "input_dtypes": as_tuple(data.get("input_dtypes"), "input_dtypes")})

@@ -1,0 +1,157 @@
+"""The packages of ``harness`` are layers: each imports only the layers under it, none
+imports torch on the read side, and no module imports itself back through a circle.
+
+The imports are read from the source (every ``import`` and ``from ... import``, at module
+level or inside a function), so a lazy import that reaches up a layer fails here too.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+HARNESS = ROOT / "harness"
+
+#: Each layer and the layers it may import. The read side (schema, results, report) never
+#: imports torch, so a report renders where no torch is installed.
+LAYERS: dict[str, set[str]] = {
+    "schema": set(),
+    "results": {"schema"},
+    "report": {"schema", "results"},
+    "measure": {"schema", "results"},
+    "runner": {"schema", "results", "measure"},
+    "cli": {"schema", "results", "report", "measure", "runner"},
+    "plugin": {"schema", "results", "measure", "runner"},
+}
+READ_SIDE = ("schema", "results", "report")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def harness_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(HARNESS.rglob("*.py"))}
+
+
+def layer_of(module: str) -> str | None:
+    """``harness.results.storage`` -> ``results``; the package's root (the authoring API
+    and ``python -m harness``) belongs to no layer."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] != "__main__" else None
+
+
+def imported_modules(module: str, path: Path, known: set[str]) -> Iterator[tuple[str, bool]]:
+    """Each harness module ``module`` imports, and whether the import is at module level."""
+    tree = ast.parse(path.read_text())
+    top_level = {id(node) for node in tree.body}
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            names = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        else:
+            continue
+        for name in names:
+            if name in known and name != module:
+                yield name, id(node) in top_level
+                break
+
+
+def import_graph(module_level_only: bool) -> dict[str, set[str]]:
+    modules = harness_modules()
+    return {
+        name: {
+            target
+            for target, at_top in imported_modules(name, path, set(modules))
+            if at_top or not module_level_only
+        }
+        for name, path in modules.items()
+    }
+
+
+def test_every_module_belongs_to_a_declared_layer() -> None:
+    unplaced = [m for m in harness_modules() if layer_of(m) not in (*LAYERS, None)]
+    assert unplaced == []
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    upward = [
+        f"{source} imports {target}"
+        for source, targets in import_graph(module_level_only=False).items()
+        for target in targets
+        if (mine := layer_of(source)) is not None
+        and (theirs := layer_of(target)) is not None
+        and theirs != mine
+        and theirs not in LAYERS[mine]
+    ]
+    assert upward == []
+
+
+def test_no_layer_imports_the_package_root() -> None:
+    """``harness/__init__`` loads the authoring API from the layers: importing it from a
+    layer would go up."""
+    graph = import_graph(module_level_only=False)
+    assert [m for m, targets in graph.items() if layer_of(m) and "harness" in targets] == []
+
+
+def test_the_module_level_imports_have_no_circle() -> None:
+    graph = import_graph(module_level_only=True)
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        if module in path:
+            pytest.fail("import circle: " + " -> ".join((*path[path.index(module) :], module)))
+        if module in done:
+            return
+        for target in sorted(graph[module]):
+            visit(target, (*path, module))
+        done.add(module)
+
+    for module in graph:
+        visit(module, ())
+
+
+def test_the_layer_test_catches_an_upward_import(tmp_path: Path) -> None:
+    """The import reader sees a lazy, relative import that reaches up a layer."""
+    source = tmp_path / "speed.py"
+    source.write_text("def f():\n    from ..runner import run\n")
+    known = {"harness.runner.run", "harness.runner"}
+    found = list(imported_modules("harness.results.speed", source, known))
+    assert found == [("harness.runner.run", False)]
+    assert "runner" not in LAYERS[layer_of("harness.results.speed") or ""]
+
+
+def test_no_read_side_module_imports_torch() -> None:
+    """Every module of schema, results and report imported one after the other in a fresh
+    interpreter; torch is looked for after each, so the one that brings it in is named."""
+    modules = [m for m in harness_modules() if layer_of(m) in READ_SIDE]
+    assert len(modules) > 15
+    script = (
+        "import importlib, json, sys\n"
+        "for name in sys.argv[1:]:\n"
+        "    importlib.import_module(name)\n"
+        "    if 'torch' in sys.modules:\n"
+        "        print(json.dumps(name)); break\n"
+        "else:\n"
+        "    print(json.dumps(None))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, *modules], cwd=ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) is None, "this module imports torch"
