@@ -31,9 +31,9 @@ from harness.measure import execute, registry
 from harness.measure.timing import measure
 from harness.results import storage
 from harness.results.speed import TIE_RATIO, median_of, rank_with_ties, significantly_faster
+from harness.schema.axes import Column as CellColumn
 from harness.schema.config import TimingConfig
 from harness.schema.records import CellRecord
-from harness.schema.records import Column as CellColumn
 
 ROOT = Path(__file__).resolve().parent.parent
 SDPA_SHAPE = (4, 8, 256, 64)

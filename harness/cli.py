@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from harness.results import storage
 from harness.results.speed import ALPHA, MIN_RATIO
-from harness.schema.axes import MODES
+from harness.schema.axes import MODES, Cell
 from harness.schema.config import TimingConfig
-from harness.schema.records import Cell
 
 if TYPE_CHECKING:
     from harness.measure.case import Case

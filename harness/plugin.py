@@ -33,7 +33,8 @@ import pytest
 if TYPE_CHECKING:
     from harness.measure.case import Case
     from harness.measure.model_case import Matrix
-    from harness.schema.records import Cell, CellRecord
+    from harness.schema.axes import Cell
+    from harness.schema.records import CellRecord
 
 MARK = "__ampmatrix_model__"
 CELL_ARG = "ampmatrix_cell"

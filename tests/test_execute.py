@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from harness.measure import execute
-from harness.schema.records import Cell, CrashKind, Outcome
+from harness.schema.axes import Cell
+from harness.schema.records import CrashKind, Outcome
 
 
 def toy_cell(fix: str, dtype: str = "float16", mode: str = "half") -> Cell:

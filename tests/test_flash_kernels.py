@@ -11,7 +11,8 @@ import torch
 
 from harness.measure import environment, execute, flash_kernels, registry
 from harness.measure.flash_kernels import FLASH_ATTN_2, FLASH_ATTN_4, FlashPackage
-from harness.schema.records import Cell, CellRecord, Outcome
+from harness.schema.axes import Cell
+from harness.schema.records import CellRecord, Outcome
 
 #: What each package raised for VAR's float32 query (flash-attn 4 measured on an H100 and
 #: on this CPU, flash-attn 2 from its source): (error type, message).

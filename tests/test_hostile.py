@@ -173,7 +173,7 @@ def test_a_short_write_leaves_no_part_of_the_record(
 
 
 def storage_record() -> CellRecord:
-    from harness.schema.records import Cell
+    from harness.schema.axes import Cell
 
     cell = Cell("c", "none", "cpu", "float16", "half", "eager")
     return CellRecord(cell=cell, torch_version="2.13.0", outcome=Outcome.PASSES)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from harness.results.kept import Kept, fix_kept, kept
-from harness.schema.records import Cell, CellRecord, Outcome
+from harness.schema.axes import Cell
+from harness.schema.records import CellRecord, Outcome
 from harness.schema.trail_records import Trail
 
 

@@ -8,7 +8,7 @@ from harness.measure import environment, registry
 from harness.measure.case import Case
 from harness.runner import matrix
 from harness.runner.matrix import check_selection, expand
-from harness.schema.records import Cell
+from harness.schema.axes import Cell
 from harness.schema.selection import Selection, SelectionError
 
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from harness.results import storage
-from harness.schema.records import Cell, CellRecord, Outcome
+from harness.schema.axes import Cell
+from harness.schema.records import CellRecord, Outcome
 
 DATA = Path(__file__).parent / "data"
 VERSIONS = ("2.13.0", "2.4.1")

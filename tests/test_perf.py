@@ -20,7 +20,8 @@ from harness.results.speed import (
     record_key,
     speed_ratios,
 )
-from harness.schema.records import Cell, CellRecord, Outcome, Perf
+from harness.schema.axes import Cell
+from harness.schema.records import CellRecord, Outcome, Perf
 from tests.conftest import ROOT
 
 

@@ -22,7 +22,8 @@ from harness.measure.precision import (
 from harness.measure.timing import ClockStopwatch
 from harness.measure.trail import PythonWatch, watch_python
 from harness.results import storage
-from harness.schema.records import DRIFT, Cell, CellRecord, CrashKind, Outcome, outcome_label
+from harness.schema.axes import Cell
+from harness.schema.records import DRIFT, CellRecord, CrashKind, Outcome, outcome_label
 from tests.conftest import CONTRACT_CASES, ROOT, only_run_dir, run_cases
 
 CPU = torch.device("cpu")

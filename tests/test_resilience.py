@@ -260,8 +260,8 @@ def test_a_fix_that_kills_the_timing_process_costs_only_its_own_figures(
     its column are timed each alone, and the columns after it in a process of their own."""
     from harness.measure import registry
     from harness.runner.isolation import time_columns_isolated
+    from harness.schema.axes import Cell
     from harness.schema.config import Limits, TimingConfig
-    from harness.schema.records import Cell
 
     registry.discover([CRASH_CASES])
 

@@ -16,8 +16,9 @@ from harness.measure.timing import ClockStopwatch, CudaEventStopwatch, stopwatch
 from harness.results import storage
 from harness.runner import isolation, run
 from harness.runner.cell_items import Controller
+from harness.schema.axes import Cell
 from harness.schema.config import RunConfig
-from harness.schema.records import Cell, CellRecord, Outcome
+from harness.schema.records import CellRecord, Outcome
 
 
 def ran(fix: str, device: str, dtype: str = "float16") -> CellRecord:

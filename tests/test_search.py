@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from harness.results.search import ReleaseSearch, search_order
-from harness.schema.records import Cell
+from harness.schema.axes import Cell
 
 RELEASES = tuple(f"2.{minor}.0" for minor in range(1, 15))  # 14 releases, as in the noxfile
 A = Cell("case", "none", "cpu", "float16", "half", "eager")

@@ -16,7 +16,8 @@ from harness.results.summary import render_summary
 from harness.runner import matrix
 from harness.runner.matrix import check_selection, expand
 from harness.runner.run import timed_sizes
-from harness.schema.records import Cell, CellRecord, Outcome, Perf
+from harness.schema.axes import Cell
+from harness.schema.records import CellRecord, Outcome, Perf
 from harness.schema.selection import Selection, SelectionError
 from tests.conftest import FIXTURES, harness, only_run_dir
 

@@ -8,15 +8,8 @@ from pathlib import Path
 import pytest
 
 from harness.results import storage
-from harness.schema.records import (
-    SCHEMA_VERSION,
-    Cell,
-    CellRecord,
-    CrashKind,
-    Flag,
-    Numerics,
-    Outcome,
-)
+from harness.schema.axes import Cell
+from harness.schema.records import SCHEMA_VERSION, CellRecord, CrashKind, Flag, Numerics, Outcome
 from harness.schema.trail_records import Promotion, Site, Trail
 
 CELL = Cell("case-a", "none", "cpu", "float16", "half", "sdpa")

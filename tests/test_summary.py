@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from harness.results.summary import noise_statement, render_summary
-from harness.schema.records import Cell, CellRecord, Outcome
+from harness.schema.axes import Cell
+from harness.schema.records import CellRecord, Outcome
 
 
 def record(

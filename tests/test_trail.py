@@ -15,7 +15,8 @@ from torch import nn
 
 from harness.measure import execute, registry
 from harness.measure.trail import DtypeTracer, Names, PythonWatch, tracing, watch_python
-from harness.schema.records import Cell, Outcome
+from harness.schema.axes import Cell
+from harness.schema.records import Outcome
 from harness.schema.trail_records import Promotion, Site, Trail
 
 HERE = Path(__file__).name

@@ -21,7 +21,8 @@ from harness.measure.numerics import ROUNDING_FACTOR, rounding_ratio
 from harness.measure.precision import ISLAND_NOTE, UNDONE_UPCAST
 from harness.measure.rounding import noise_source, round_to
 from harness.runner.matrix import expand
-from harness.schema.records import DRIFT, Cell, CellRecord, Outcome, outcome_label
+from harness.schema.axes import Cell
+from harness.schema.records import DRIFT, CellRecord, Outcome, outcome_label
 from zoo.silent_bugs import PAIRS
 
 HERE = Path(__file__).name

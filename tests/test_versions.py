@@ -9,7 +9,8 @@ from harness.report.compare import pair_runs
 from harness.results import storage
 from harness.results.search import release_key
 from harness.results.versions import outcome_changes, render_bisect
-from harness.schema.records import Cell, CellRecord, Outcome
+from harness.schema.axes import Cell
+from harness.schema.records import CellRecord, Outcome
 
 DATA = Path(__file__).parent / "data" / "runs"
 

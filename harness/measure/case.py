@@ -29,8 +29,7 @@ import torch
 
 from harness.measure.observe import CoreObservation, record_core_dtypes
 from harness.measure.precision import Precision
-from harness.schema.axes import LOW_PRECISION_DTYPES, SMALL_SIZE
-from harness.schema.records import Cell
+from harness.schema.axes import LOW_PRECISION_DTYPES, SMALL_SIZE, Cell
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import torch
 
 from harness.measure import flash_kernels
 from harness.results.search import release_key
-from harness.schema.records import Cell
+from harness.schema.axes import Cell
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = (

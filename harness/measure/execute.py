@@ -52,9 +52,9 @@ from harness.measure.trail import (
     tracing,
     watch_python,
 )
-from harness.schema.axes import CONTROL_DTYPE
+from harness.schema.axes import CONTROL_DTYPE, Cell
 from harness.schema.config import TimingConfig
-from harness.schema.records import Cell, CellRecord, CrashKind, Flag, Numerics, Outcome
+from harness.schema.records import CellRecord, CrashKind, Flag, Numerics, Outcome
 from harness.schema.trail_records import Drift, Trail
 
 #: Every cell of a case builds from the same seed, so all fixes and the reference see the

@@ -24,11 +24,10 @@ from harness.results.kept import Kept, fix_kept, kept
 from harness.results.search import release_key
 from harness.results.speed import SpeedRatios, record_key, speed_ratios
 from harness.results.summary import failure_line
-from harness.schema.axes import DTYPES, MODE_NAMES, SIZES, SMALL_SIZE, rank
+from harness.schema.axes import DTYPES, MODE_NAMES, SIZES, SMALL_SIZE, Cell, rank
 from harness.schema.records import (
     DRIFT,
     REPRODUCES,
-    Cell,
     CellRecord,
     Outcome,
     base_label,

@@ -17,7 +17,8 @@ from harness.report.aggregate import Run
 from harness.results import storage
 from harness.results.speed import ALPHA, MIN_RATIO
 from harness.results.summary import format_rows
-from harness.schema.records import Cell, CellRecord, Outcome, outcome_label
+from harness.schema.axes import Cell
+from harness.schema.records import CellRecord, Outcome, outcome_label
 
 NOT_OK = (Outcome.RAISES, Outcome.INACCURATE, Outcome.CRASHED, Outcome.TIMEOUT)
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.results import storage
-from harness.schema.records import Cell, CellRecord, outcome_label
+from harness.schema.records import CellRecord, outcome_label
+from harness.schema.axes import Cell
 
 NOT_RUN = "not run"
 #: Labels of a cell that did not run in a release.

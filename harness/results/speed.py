@@ -10,7 +10,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from harness.schema.axes import CONTROL_FIX, CONTROL_MODE
-from harness.schema.records import Cell, CellRecord, Column, Outcome
+from harness.schema.records import CellRecord, Outcome
+from harness.schema.axes import Cell, Column
 from harness.schema.stats import quartiles
 
 #: Medians closer than this ratio are within run-to-run noise: a tie. On a shared 2-core VM

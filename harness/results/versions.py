@@ -7,7 +7,8 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from harness.schema.records import Cell, CellRecord, Outcome, outcome_label
+from harness.schema.records import CellRecord, Outcome, outcome_label
+from harness.schema.axes import Cell
 from harness.results.search import release_key
 from harness.results.summary import format_rows
 

@@ -31,8 +31,9 @@ from harness.runner.isolation import (
     timed_columns,
 )
 from harness.runner.progress import Progress, column_label, progress_label
+from harness.schema.axes import Cell
 from harness.schema.config import Limits, RunConfig, TimingConfig
-from harness.schema.records import Cell, CellRecord, CrashKind, Outcome
+from harness.schema.records import CellRecord, CrashKind, Outcome
 
 OUTCOME_KEY = "ampmatrix_outcome"
 #: How a failed item's message names a record that could not be written.

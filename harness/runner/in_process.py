@@ -17,8 +17,9 @@ from harness.runner.isolation import (
     timed_columns,
 )
 from harness.runner.progress import Progress, column_label, progress_label
+from harness.schema.axes import Cell
 from harness.schema.config import Limits, TimingConfig
-from harness.schema.records import Cell, CellRecord
+from harness.schema.records import CellRecord
 
 WORKER = "main"
 

@@ -33,8 +33,9 @@ from typing import Any
 import torch
 
 from harness.measure import execute, perf, registry, torch_state, trail
+from harness.schema.axes import Cell
 from harness.schema.config import Limits, TimingConfig
-from harness.schema.records import Cell, CellRecord, CrashKind, Outcome
+from harness.schema.records import CellRecord, CrashKind, Outcome
 
 
 def limits_for(cell: Cell, limits: Limits) -> Limits:

@@ -19,8 +19,14 @@ from harness.measure.environment import (
     environment_skip_reason,
     torch_version_skip_reason,
 )
-from harness.schema.axes import CONTROL_DTYPE, CONTROL_FIX, CONTROL_MODE, DEFAULT_SIZES, SIZES
-from harness.schema.records import Cell
+from harness.schema.axes import (
+    CONTROL_DTYPE,
+    CONTROL_FIX,
+    CONTROL_MODE,
+    DEFAULT_SIZES,
+    SIZES,
+    Cell,
+)
 from harness.schema.selection import Selection, SelectionError
 
 #: ``cuda:N`` with a device index.

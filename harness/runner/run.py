@@ -30,9 +30,9 @@ from harness.measure.registry import CaseContractError
 from harness.results import storage
 from harness.runner.in_process import run_batches_here, stopped, time_batches_here
 from harness.runner.matrix import Plan, check_selection, expand
-from harness.schema.axes import SIZES, SMALL_SIZE, TIMED_SIZE, rank
+from harness.schema.axes import SIZES, SMALL_SIZE, TIMED_SIZE, Cell, rank
 from harness.schema.config import RunConfig, TimingConfig
-from harness.schema.records import Cell, CellRecord, Outcome
+from harness.schema.records import CellRecord, Outcome
 from harness.schema.selection import SelectionError
 
 if TYPE_CHECKING:  # pytest is imported where workers run the cells

@@ -13,7 +13,7 @@ from enum import Enum
 from functools import cache
 from typing import Any
 
-from harness.schema.axes import SMALL_SIZE
+from harness.schema.axes import Cell
 from harness.schema.trail_records import Trail
 from harness.schema.typed import as_mapping, as_tuple, built, check_fields, mismatch
 
@@ -30,94 +30,6 @@ class Outcome(str, Enum):
     SKIPPED = "skipped"
     TIMEOUT = "timeout"
     CRASHED = "crashed"
-
-
-@dataclass(frozen=True, order=True)
-class Cell:
-    """One case x fix x device x dtype x mode x backend: a spec, never a result."""
-
-    case: str
-    fix: str
-    device: str
-    dtype: str
-    mode: str
-    backend: str
-    #: ``eager``, or ``inductor`` for a fix run under ``torch.compile``.
-    compile: str = "eager"
-    #: The workload size: ``small`` (toy dimensions, for CI and correctness) or
-    #: ``upstream`` (the real model's dimensions, from the config the case cites).
-    size: str = SMALL_SIZE
-
-    @property
-    def id(self) -> str:
-        """The cell's identity: ``case[fix,device,dtype,mode,backend]``, with ``,inductor``
-        appended for a compiled cell and ``,size=upstream`` for a cell not of the small size
-        (so the ids of records written before the size axis stay what they were)."""
-        compiled = "" if self.compile == "eager" else f",{self.compile}"
-        size = "" if self.size == SMALL_SIZE else f",size={self.size}"
-        return (
-            f"{self.case}[{self.fix},{self.device},{self.dtype},{self.mode},{self.backend}"
-            f"{compiled}{size}]"
-        )
-
-    @property
-    def fix_and_backend(self) -> str:
-        """A row label for tables whose case ran several backends: ``fix [backend]``."""
-        return f"{self.fix} [{self.backend}]"
-
-    def row(self, show_backend: bool) -> str:
-        """The row label of tables: the fix, its backend where a case ran several, and how it
-        was compiled where it was (``none (inductor)``)."""
-        label = self.fix_and_backend if show_backend else self.fix
-        return label if self.compile == "eager" else f"{label} ({self.compile})"
-
-    @property
-    def column(self) -> Column:
-        """The cells compared side by side (timed together, ranked against each other):
-        never across workload sizes."""
-        return Column(self.case, self.device, self.dtype, self.mode, self.size)
-
-    def to_dict(self) -> dict[str, str]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Cell:
-        """A cell from its fields (records written before the compile axis are eager)."""
-        data = as_mapping(data, "cell")
-        given = [data.get(name, default) for name, default in cell_defaults()]
-        if {str}.issuperset(map(type, given)) and all(given):  # every name given, non-empty
-            return cls(*given)
-        values = {}
-        for f in dataclasses.fields(cls):
-            if f.name in data:
-                values[f.name] = data[f.name]
-                if not isinstance(values[f.name], str) or not values[f.name]:
-                    raise TypeError(mismatch(f.name, "a name", values[f.name]))
-            elif f.default is dataclasses.MISSING:
-                raise KeyError(f.name)
-        return cls(**values)
-
-
-@cache
-def cell_defaults() -> tuple[tuple[str, Any], ...]:
-    """Each field of a cell with its default (``dataclasses.MISSING`` where it has none)."""
-    return tuple((f.name, f.default) for f in dataclasses.fields(Cell))
-
-
-@dataclass(frozen=True, order=True)
-class Column:
-    """One case, device, dtype and mode: the fixes of a column are compared with each other."""
-
-    case: str
-    device: str
-    dtype: str
-    mode: str
-    size: str = SMALL_SIZE
-
-    @property
-    def id(self) -> str:
-        size = "" if self.size == SMALL_SIZE else f",size={self.size}"
-        return f"{self.case}[{self.device},{self.dtype},{self.mode}{size}]"
 
 
 class CrashKind(str, Enum):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.schema.records import Cell
+from harness.schema.axes import Cell
 
 
 class SelectionError(ValueError):
