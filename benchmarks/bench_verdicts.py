@@ -65,7 +65,7 @@ class Row:
     @property
     def where(self) -> str:
         cell = self.record.cell
-        backend = f" [{cell.backend}]" if len(self.model.matrix.backends) > 1 else ""
+        backend = f" [{cell.backend}]" if len(self.model.matrix["backends"]) > 1 else ""
         return f"{cell.dtype}/{cell.mode}{backend}"
 
     @property
@@ -121,9 +121,7 @@ def models(device: str) -> list[Model]:
 
 
 def replace_devices(matrix: Matrix, device: str) -> Matrix:
-    return Matrix(
-        (device,), matrix.dtypes, matrix.modes, matrix.backends, matrix.compiles, matrix.keep_fp32
-    )
+    return matrix.replace(devices=(device,))
 
 
 def run_model(model: Model) -> list[Row]:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.results import storage
 from harness.results.speed import ALPHA, MIN_RATIO
-from harness.schema.axes import MODES, Cell
+from harness.schema.axes import AXES, EAGER, MODEL_AXES, MODES, Axis, Cell
 from harness.schema.config import TimingConfig
 
 if TYPE_CHECKING:
@@ -24,24 +24,6 @@ if TYPE_CHECKING:
 # The run machinery (``harness.runner``, ``harness.measure``) imports torch, which takes
 # seconds: it is imported inside the commands that run cells (``list``, ``run``,
 # ``check``), never by ``report``, ``compare`` or ``bisect``, which only read results files.
-
-#: ``--flag`` -> the Selection field it fills.
-AXIS_FLAGS = {
-    "case": "cases",
-    "fix": "fixes",
-    "device": "devices",
-    "dtype": "dtypes",
-    "mode": "modes",
-    "backend": "backends",
-    "compile": "compiles",
-    "size": "sizes",
-}
-
-#: What some axis flags take beyond a name.
-AXIS_HELP = {
-    "device": "; cpu, cuda, cuda:N or all",
-    "size": "; small, upstream or all (default: small on cpu, both sizes on cuda)",
-}
 
 
 def split_values(values: Sequence[str] | None) -> tuple[str, ...]:
@@ -72,17 +54,18 @@ def add_cases_dir(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_run_options(parser: argparse.ArgumentParser, axes: tuple[str, ...]) -> None:
+def add_run_options(parser: argparse.ArgumentParser, axes: tuple[Axis, ...]) -> None:
     """The options ``run`` and ``check`` share: the selection flags of ``axes``, where the
     results go, workers, timing, limits."""
     from harness.schema.config import DEFAULT_TIMEOUT_S, RunConfig
 
     for axis in axes:
         parser.add_argument(
-            f"--{axis}",
+            f"--{axis.name}",
+            dest=axis.plural,
             action="append",
             metavar="NAME",
-            help=f"only this {axis} (repeatable, or comma-separated)" + AXIS_HELP.get(axis, ""),
+            help=f"only this {axis.name} (repeatable, or comma-separated){axis.flag_help}",
         )
     parser.add_argument(
         "--out",
@@ -182,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def fill_run_parser(parser: argparse.ArgumentParser) -> None:
     add_cases_dir(parser)
-    add_run_options(parser, tuple(AXIS_FLAGS))
+    add_run_options(parser, AXES)
     parser.add_argument(
         "--resume",
         type=Path,
@@ -199,10 +182,6 @@ def add_report_dir(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="also render the run's HTML report into DIR/<run-id>.html",
     )
-
-
-#: The selection flags of ``check``: a model has no fixes or sizes of its own to pick.
-CHECK_AXES = ("device", "dtype", "mode", "backend", "compile")
 
 
 def add_check_parser(commands: Any) -> None:
@@ -223,7 +202,7 @@ def fill_check_parser(check: argparse.ArgumentParser) -> None:
         help="a module or parameter (dotted name) your model keeps in float32 when cast; "
         "FACTORY=NAME for one target's model only",
     )
-    add_run_options(check, CHECK_AXES)
+    add_run_options(check, MODEL_AXES)
     add_report_dir(check)
 
 
@@ -235,7 +214,7 @@ def command_check(args: argparse.Namespace, argv: Sequence[str]) -> int:
     names = tuple(target_name(t) for t in args.targets)
     config = replace(
         config_from(args, argv),
-        selection=replace(selection_from(args), cases=names),
+        selection=selection_from(args).replace(cases=names),
         models=tuple(args.targets),
         models_path=str(Path.cwd()),
         keep_fp32=tuple(split_values(args.keep_fp32)),
@@ -331,7 +310,7 @@ def describe_case(case: Case) -> list[str]:
         f"  devices:  {', '.join(case.devices)}   dtypes: {', '.join(case.dtypes)}",
         f"  modes:    {', '.join(case.modes)}   backends: {', '.join(case.backends)}",
     ]
-    if case.compiles != ("eager",):
+    if case.compiles != (EAGER,):
         lines.append(f"  compiles: {', '.join(case.compiles)}")
     lines += size_lines(case)
     if case.keep_fp32:
@@ -372,18 +351,18 @@ def command_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def selection_from(args: argparse.Namespace) -> Selection:
+def selection_from(args: argparse.Namespace, axes: tuple[Axis, ...] = AXES) -> Selection:
     """The selection flags; one given with no name at all (``--case ""``) is refused rather
     than read as "every case"."""
     from harness.schema.selection import Selection, SelectionError
 
     values = {}
-    for flag, field in AXIS_FLAGS.items():
-        given = getattr(args, flag, None)
-        values[field] = split_values(given)
-        if given is not None and not values[field]:
-            raise SelectionError(f"--{flag.replace('_', '-')} was given no name")
-    return Selection(**values)
+    for axis in axes:
+        given = getattr(args, axis.plural, None)
+        values[axis.plural] = split_values(given)
+        if given is not None and not values[axis.plural]:
+            raise SelectionError(f"--{axis.name} was given no name")
+    return Selection.over(axes, values)
 
 
 def command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -419,7 +398,7 @@ def command_resume(args: argparse.Namespace) -> int:
     from harness.runner.run import resume
     from harness.schema.selection import SelectionError
 
-    chosen = [f"--{flag}" for flag in AXIS_FLAGS if getattr(args, flag)]
+    chosen = [f"--{axis.name}" for axis in AXES if getattr(args, axis.plural, None)]
     if chosen or args.cases_dir:
         raise SelectionError(
             f"--resume finishes the run as it was started: drop "
@@ -585,7 +564,7 @@ def command_bisect(args: argparse.Namespace) -> int:
 #: that was not imported (it imports torch: ``report`` never imports it) raised none.
 RUN_ERRORS = (
     ("harness.measure.registry", "CaseContractError"),
-    ("harness.runner.matrix", "SelectionError"),
+    ("harness.schema.selection", "SelectionError"),
     ("harness.measure.model_case", "ModelCheckError"),
 )
 

@@ -57,25 +57,23 @@ class ModelTest:
 
 def check_model(
     *,
-    devices: tuple[str, ...] = ("cpu",),
-    dtypes: tuple[str, ...] = ("float16", "bfloat16"),
-    modes: tuple[str, ...] = ("autocast", "half"),
-    backends: tuple[str, ...] = ("sdpa",),
-    compiles: tuple[str, ...] = ("eager",),
     keep_fp32: tuple[str, ...] = (),
     expect: Mapping[str, str] | None = None,
+    **axes: tuple[str, ...],
 ) -> Callable[[Callable[..., Any]], Callable[[Any], None]]:
     """Turn a factory of ``(model, inputs)`` into one test per cell of the matrix asked for.
 
-    ``devices`` may name ``cuda`` (every visible GPU; skipped where there is none);
-    ``backends`` are passed to a factory that takes the cell's context (``ctx.backend``);
-    ``expect`` maps ``"dtype/mode"`` (any of device, dtype, mode, backend and compile,
-    joined by ``/``) to the outcome label accepted there, e.g. ``"raises"`` or
-    ``"passes[drift]"``.
+    The keywords are the axes a model check selects, by their plural (``devices``,
+    ``dtypes``, ``modes``, ``backends``, ``compiles``); an axis left out takes its default
+    (the CPU; float16 and bfloat16; autocast and half; SDPA; eager). ``devices`` may name
+    ``cuda`` (every visible GPU; skipped where there is none); ``backends`` are passed to a
+    factory that takes the cell's context (``ctx.backend``); ``expect`` maps ``"dtype/mode"``
+    (any of those axes' values, joined by ``/``) to the outcome label accepted there, e.g.
+    ``"raises"`` or ``"passes[drift]"``.
     """
     from harness.measure.model_case import Matrix  # torch is imported here, by a test module
 
-    matrix = Matrix(devices, dtypes, modes, backends, compiles, keep_fp32)
+    matrix = Matrix(keep_fp32=keep_fp32, **axes)
 
     def decorate(factory: Callable[..., Any]) -> Callable[[Any], None]:
         spec = ModelTest(factory, matrix, dict(expect or {}))
@@ -139,9 +137,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def cell_id(cell: Cell, cells: list[Cell]) -> str:
     """The axes that vary among the cells: ``float16-half``, ``cuda:0-bfloat16-autocast``."""
-    axes = ("device", "dtype", "mode", "backend", "compile", "size")
-    varying = [a for a in axes if len({getattr(c, a) for c in cells}) > 1]
-    return "-".join(getattr(cell, a) for a in varying or ("dtype", "mode"))
+    from harness.schema.axes import axes_of
+
+    names = [axis.name for axis in axes_of(type(cell))]
+    varying = [name for name in names if len({getattr(c, name) for c in cells}) > 1]
+    return "-".join(getattr(cell, name) for name in varying or ("dtype", "mode"))
 
 
 def run_model_cell(spec: ModelTest, cell: Cell) -> None:
@@ -155,8 +155,16 @@ def run_model_cell(spec: ModelTest, cell: Cell) -> None:
 
 
 def expected_label(expect: Mapping[str, str], cell: Cell) -> str | None:
-    values = {cell.device, cell.device.split(":")[0], cell.dtype, cell.mode, cell.backend}
-    values.add(cell.compile)
+    """The label ``expect`` accepts for ``cell``: the first key whose names (``/``-joined)
+    are all among the cell's values on the model axes (a device also by its kind)."""
+    from harness.schema.axes import axes_of
+
+    values = {
+        name
+        for axis in axes_of(type(cell))
+        if axis.model_default is not None
+        for name in axis.aliases(getattr(cell, axis.name))
+    }
     matches = [label for key, label in expect.items() if set(key.split("/")) <= values]
     return matches[0] if matches else None
 

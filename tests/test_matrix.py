@@ -7,9 +7,9 @@ import pytest
 from harness.measure import environment, registry
 from harness.measure.case import Case
 from harness.runner import matrix
-from harness.runner.matrix import check_selection, expand
+from harness.runner.matrix import expand
 from harness.schema.axes import Cell
-from harness.schema.selection import Selection, SelectionError
+from harness.schema.selection import Selection, SelectionError, check_selection
 
 
 @pytest.fixture

@@ -14,11 +14,11 @@ from harness.results import storage
 from harness.results.speed import speed_ratios
 from harness.results.summary import render_summary
 from harness.runner import matrix
-from harness.runner.matrix import check_selection, expand
+from harness.runner.matrix import expand
 from harness.runner.run import timed_sizes
 from harness.schema.axes import Cell
 from harness.schema.records import CellRecord, Outcome, Perf
-from harness.schema.selection import Selection, SelectionError
+from harness.schema.selection import Selection, SelectionError, check_selection
 from tests.conftest import FIXTURES, harness, only_run_dir
 
 SIZED_CASES = FIXTURES / "sized_cases"

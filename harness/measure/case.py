@@ -29,7 +29,7 @@ import torch
 
 from harness.measure.observe import CoreObservation, record_core_dtypes
 from harness.measure.precision import Precision
-from harness.schema.axes import LOW_PRECISION_DTYPES, SMALL_SIZE, Cell
+from harness.schema.axes import CONTROL_MODE, EAGER, LOW_PRECISION_DTYPES, SMALL_SIZE, Cell
 
 
 @dataclass(frozen=True)
@@ -196,11 +196,11 @@ class Case:
     reference_fix: ClassVar[str] = ""
     devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
     dtypes: ClassVar[tuple[str, ...]] = LOW_PRECISION_DTYPES
-    modes: ClassVar[tuple[str, ...]] = ("half", "fp32")
+    modes: ClassVar[tuple[str, ...]] = ("half", CONTROL_MODE)
     backends: ClassVar[tuple[str, ...]] = ("sdpa",)
     #: ``("eager", "inductor")`` where eager and compiled runs may differ: the harness then
     #: also runs each fix under ``torch.compile(backend="inductor")``.
-    compiles: ClassVar[tuple[str, ...]] = ("eager",)
+    compiles: ClassVar[tuple[str, ...]] = (EAGER,)
     #: Modules that must be importable for the case to run; otherwise cells are skipped.
     requires: ClassVar[tuple[str, ...]] = ()
     #: The oldest torch release with the API its upstream code needs (``nn.RMSNorm``: "2.4");

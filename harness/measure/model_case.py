@@ -23,7 +23,6 @@ import inspect
 import re
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -31,7 +30,7 @@ import torch
 
 from harness.measure import registry
 from harness.measure.case import Case, RunContext, Upstream, Workload, fix
-from harness.schema.axes import CONTROL_MODE, DEVICE_KINDS, LOW_PRECISION_DTYPES
+from harness.schema.axes import CONTROL_MODE, DEVICE_KINDS, MODEL_AXES
 from harness.schema.config import RunConfig
 from harness.schema.selection import Selection
 
@@ -48,18 +47,44 @@ class ModelCheckError(ValueError):
     """A factory or target that cannot be checked, said in one line."""
 
 
-@dataclass(frozen=True)
 class Matrix:
-    """The cells a model check asks for (the fp32 control is always added)."""
+    """The cells a model check asks for, by axis (the fp32 control is always added): the
+    model axes of the table (``devices``, ``dtypes``, ``modes``, ``backends``,
+    ``compiles``), each at its default unless given."""
 
-    devices: tuple[str, ...] = ("cpu",)
-    dtypes: tuple[str, ...] = LOW_PRECISION_DTYPES
-    modes: tuple[str, ...] = ("autocast", "half")
-    backends: tuple[str, ...] = ("sdpa",)
-    compiles: tuple[str, ...] = ("eager",)
-    #: Modules or parameters (dotted names) that stay float32 when the model is cast, as
-    #: transformers' ``_keep_in_fp32_modules`` keeps them.
-    keep_fp32: tuple[str, ...] = ()
+    __slots__ = ("_values", "keep_fp32")
+
+    def __init__(self, keep_fp32: tuple[str, ...] = (), **axes: tuple[str, ...]) -> None:
+        known = {axis.plural: axis.model_default or () for axis in MODEL_AXES}
+        unknown = sorted(set(axes) - set(known))
+        if unknown:
+            raise TypeError(
+                f"no model axis {', '.join(unknown)} (axes: {', '.join(known)}, keep_fp32)"
+            )
+        self._values = {
+            plural: tuple(axes.get(plural, default)) for plural, default in known.items()
+        }
+        #: Modules or parameters (dotted names) that stay float32 when the model is cast,
+        #: as transformers' ``_keep_in_fp32_modules`` keeps them.
+        self.keep_fp32 = tuple(keep_fp32)
+
+    def __getitem__(self, plural: str) -> tuple[str, ...]:
+        return self._values[plural]
+
+    def replace(self, **axes: tuple[str, ...]) -> Matrix:
+        return Matrix(self.keep_fp32, **{**self._values, **axes})
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Matrix) and (self._values, self.keep_fp32) == (
+            other._values,
+            other.keep_fp32,
+        )
+
+    def __hash__(self) -> int:
+        return hash((tuple(self._values.items()), self.keep_fp32))
+
+    def __repr__(self) -> str:
+        return f"Matrix(keep_fp32={self.keep_fp32!r}, **{self._values!r})"
 
 
 def case_name(text: str) -> str:
@@ -133,7 +158,7 @@ class ModelCase(Case):
 
 def model_case(name: str, factory: Factory, matrix: Matrix, source_file: str) -> Case:
     """A case for the model ``factory`` builds, over the cells ``matrix`` asks for."""
-    modes = tuple(dict.fromkeys((*matrix.modes, CONTROL_MODE)))
+    modes = tuple(dict.fromkeys((*matrix["modes"], CONTROL_MODE)))
     attributes = {
         "name": name,
         "title": (inspect.getdoc(factory) or f"{name}: a model checked by ampmatrix")
@@ -141,11 +166,8 @@ def model_case(name: str, factory: Factory, matrix: Matrix, source_file: str) ->
         .splitlines()[0],
         "upstream": Upstream(repo="your project", file=source_file, commit=""),
         "factory": staticmethod(factory),
-        "devices": matrix.devices,
-        "dtypes": matrix.dtypes,
+        **{axis.plural: matrix[axis.plural] for axis in MODEL_AXES},
         "modes": modes,
-        "backends": matrix.backends,
-        "compiles": matrix.compiles,
         "keep_fp32": matrix.keep_fp32,
         "source_file": source_file,
     }
@@ -195,17 +217,15 @@ def target_case(target: str, matrix: Matrix, path: str = "") -> Case:
 
 
 def matrix_of(selection: Selection, keep_fp32: tuple[str, ...]) -> Matrix:
-    """The cells ``check`` asks of a model: what the selection names, else the defaults
-    (every device kind, both half dtypes, autocast and half, SDPA, eager)."""
-    default = Matrix()
-    return Matrix(
-        devices=DEVICE_KINDS,
-        dtypes=tuple(d for d in selection.dtypes if d in LOW_PRECISION_DTYPES) or default.dtypes,
-        modes=selection.modes or default.modes,
-        backends=selection.backends or default.backends,
-        compiles=selection.compiles or default.compiles,
-        keep_fp32=keep_fp32,
-    )
+    """The cells ``check`` asks of a model: on each model axis, what the selection names
+    (the float32 control aside: it is always added), else the axis's default; and every
+    device kind, which the selection narrows when the cells are expanded (``cuda:1``)."""
+    asked = {
+        axis.plural: tuple(v for v in selection[axis.plural] if v != axis.control)
+        for axis in MODEL_AXES
+    }
+    given = {plural: values for plural, values in asked.items() if values}
+    return Matrix(keep_fp32, **{**given, "devices": DEVICE_KINDS})
 
 
 def keep_for(target: str, keep_fp32: tuple[str, ...]) -> tuple[str, ...]:

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from harness.schema.axes import MODES
+from harness.schema.axes import CONTROL_MODE, MODES
 from harness.schema.records import DRIFT, Flag
 from harness.schema.trail_records import Drift, Trail
 
@@ -316,7 +316,7 @@ def drift_flag(
     mode without autocast), an output wider than the cell dtype. Under autocast an output's
     dtype is the op policy's (CUDA autocast runs ``layer_norm`` and ``softmax`` in float32),
     so only the kernels count there. The detail says how much and where it entered."""
-    if precision.is_reference or precision.mode == "fp32":
+    if precision.is_reference or precision.mode == CONTROL_MODE:
         return None, None
     wider = wider_outputs(output, precision)
     if drift.kinds and not wider and is_island(drift):

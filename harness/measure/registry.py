@@ -17,15 +17,7 @@ from types import ModuleType
 from typing import TypeVar
 
 from harness.measure.case import Case, Size
-from harness.schema.axes import (
-    BACKENDS,
-    COMPILE_MODES,
-    DEVICE_KINDS,
-    DTYPES,
-    MODES,
-    SIZES,
-    SMALL_SIZE,
-)
+from harness.schema.axes import AXES, SIZES, SMALL_SIZE, Axis
 
 RELEASE = re.compile(r"^\d+\.\d+(\.\d+)?$")
 CASE_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
@@ -73,7 +65,7 @@ def contract_problems(case: Case) -> list[str]:
     for attr in ("title", "upstream", "failure", "reference_fix"):
         if not getattr(case, attr):
             problems.append(f"missing {attr}")
-    problems += _unknown_axis_values(case)
+    problems += unknown_axis_values(case)
     problems += _fix_problems(case)
     problems += _size_problems(case)
     if type(case).build is Case.build:
@@ -83,27 +75,28 @@ def contract_problems(case: Case) -> list[str]:
     return problems
 
 
-def _unknown_axis_values(case: Case) -> list[str]:
-    axes = {
-        "devices": DEVICE_KINDS,
-        "dtypes": tuple(DTYPES),
-        "modes": MODES,
-        "backends": BACKENDS,
-        "compiles": COMPILE_MODES,
-    }
+def unknown_axis_values(case: Case, axes: tuple[Axis, ...] = AXES) -> list[str]:
+    """Each axis with a vocabulary: the case declares some values, all of them known."""
     problems = []
-    for axis, allowed in axes.items():
-        values = getattr(case, axis)
+    for axis in axes:
+        if not axis.vocabulary or (axis.name == "size" and not _sizes_well_formed(case)):
+            continue
+        values = getattr(case, axis.declared_as or axis.plural)
         if not values:
-            problems.append(f"{axis} is empty")
+            problems.append(f"{axis.plural} is empty")
         for value in values:
-            if value not in allowed:
-                problems.append(f"unknown {axis[:-1]} {value!r} (known: {', '.join(allowed)})")
+            if value not in axis.vocabulary:
+                known = ", ".join(axis.vocabulary)
+                problems.append(f"unknown {axis.name} {value!r} (known: {known})")
     return problems
 
 
+def _sizes_well_formed(case: Case) -> bool:
+    return all(isinstance(size, Size) for size in case.sizes)
+
+
 def _size_problems(case: Case) -> list[str]:
-    if not all(isinstance(size, Size) for size in case.sizes):
+    if not _sizes_well_formed(case):
         return ["sizes must be a tuple of Size(name, dims, source)"]
     names = [size.name for size in case.sizes]
     problems = []
@@ -112,9 +105,7 @@ def _size_problems(case: Case) -> list[str]:
     if len(set(names)) != len(names):
         problems.append(f"sizes repeat a name: {', '.join(names)}")
     for size in case.sizes:
-        if size.name not in SIZES:
-            problems.append(f"unknown size {size.name!r} (known: {', '.join(SIZES)})")
-        elif size.name != SMALL_SIZE and not size.source.strip():
+        if size.name in SIZES and size.name != SMALL_SIZE and not size.source.strip():
             problems.append(f"size {size.name!r} does not cite where its dimensions come from")
     return problems
 

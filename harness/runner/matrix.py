@@ -7,9 +7,7 @@ covered and why.
 
 from __future__ import annotations
 
-import difflib
 import itertools
-import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -19,18 +17,8 @@ from harness.measure.environment import (
     environment_skip_reason,
     torch_version_skip_reason,
 )
-from harness.schema.axes import (
-    CONTROL_DTYPE,
-    CONTROL_FIX,
-    CONTROL_MODE,
-    DEFAULT_SIZES,
-    SIZES,
-    Cell,
-)
-from harness.schema.selection import Selection, SelectionError
-
-#: ``cuda:N`` with a device index.
-CUDA_INDEX = re.compile(r"^cuda:\d+$")
+from harness.schema.axes import AXIS, CONTROL_DTYPE, CONTROL_FIX, CONTROL_MODE, DEFAULT_SIZES, Cell
+from harness.schema.selection import Selection
 
 
 @dataclass
@@ -109,10 +97,10 @@ def expand(cases: Iterable[Case], selection: Selection = Selection()) -> Plan:
     """Expand, select, and split into cells to run and cells skipped (with reasons)."""
     plan = Plan()
     for case in cases:
-        if selection.cases and case.name not in selection.cases:
+        if not AXIS["case"].keeps(selection["cases"], case.name):
             continue
-        devices = concrete_devices(case, selection.devices)
-        for cell in case_cells(case, devices, selection.sizes):
+        devices = concrete_devices(case, selection["devices"])
+        for cell in case_cells(case, devices, selection["sizes"]):
             if not selection.keeps(cell):
                 continue
             reason = skip_reason(case, cell)
@@ -121,31 +109,3 @@ def expand(cases: Iterable[Case], selection: Selection = Selection()) -> Plan:
             else:
                 plan.to_run.append(cell)
     return plan
-
-
-def check_selection(cases: Sequence[Case], selection: Selection) -> None:
-    """Refuse names that match nothing, suggesting the closest valid ones."""
-    known_cases = [c.name for c in cases]
-    _check_names("case", selection.cases, known_cases)
-    chosen = [c for c in cases if not selection.cases or c.name in selection.cases]
-    _check_names("fix", selection.fixes, sorted({f for c in chosen for f in c.fixes}))
-    _check_names(
-        "dtype", selection.dtypes, sorted({d for c in chosen for d in c.dtypes} | {CONTROL_DTYPE})
-    )
-    _check_names("mode", selection.modes, sorted({m for c in chosen for m in c.modes}))
-    _check_names("backend", selection.backends, sorted({b for c in chosen for b in c.backends}))
-    _check_names("compile", selection.compiles, sorted({m for c in chosen for m in c.compiles}))
-    _check_names("size", selection.sizes, ["all", *SIZES])
-    for device in selection.devices:
-        if device not in ("all", "cpu", "cuda") and not CUDA_INDEX.match(device):
-            raise SelectionError(f"unknown device {device!r} (use cpu, cuda, cuda:N or all)")
-
-
-def _check_names(axis: str, wanted: Iterable[str], known: list[str]) -> None:
-    for name in wanted:
-        if name not in known:
-            close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise SelectionError(
-                f"unknown {axis} {name!r}{hint} (known: {', '.join(known) or 'none'})"
-            )

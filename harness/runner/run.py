@@ -29,11 +29,11 @@ from harness.measure.environment import capture_environment, now_iso
 from harness.measure.registry import CaseContractError
 from harness.results import storage
 from harness.runner.in_process import run_batches_here, stopped, time_batches_here
-from harness.runner.matrix import Plan, check_selection, expand
+from harness.runner.matrix import Plan, expand
 from harness.schema.axes import SIZES, SMALL_SIZE, TIMED_SIZE, Cell, rank
 from harness.schema.config import RunConfig, TimingConfig
 from harness.schema.records import CellRecord, Outcome
-from harness.schema.selection import SelectionError
+from harness.schema.selection import SelectionError, check_selection
 
 if TYPE_CHECKING:  # pytest is imported where workers run the cells
     from harness.runner.cell_items import Controller

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 from harness.schema.typed import as_mapping, mismatch
@@ -50,10 +49,6 @@ MODES: dict[str, Mode] = {
 }
 MODE_NAMES = tuple(MODES)
 
-#: The control of every case: its upstream code path (``none``) in float32.
-CONTROL_MODE = "fp32"
-CONTROL_DTYPE = "float32"
-CONTROL_FIX = "none"
 
 #: Attention backends a case may declare. ``flash-attn-contract`` enforces flash-attn's
 #: documented input contract and computes with SDPA; it stands in where flash-attn is absent.
@@ -86,33 +81,119 @@ def rank(order: tuple[str, ...], value: str) -> int:
     return order.index(value) if value in order else len(order)
 
 
+@dataclass(frozen=True)
+class Axis:
+    """One axis of the matrix, declared once, as a field of :class:`Cell`: everything that
+    lists the axes (the ``run`` and ``check`` flags, selection and its validation, cell ids,
+    the plugin's test ids, ``expect`` keys, a case's declared values) reads this table."""
+
+    #: The plural: a selection's key, the keyword of ``check_model``, and the ``Case``
+    #: attribute listing the values a case declares (``dtypes``).
+    plural: str
+    #: The ``Case`` attribute naming the values a case runs (default: ``plural``).
+    declared_as: str = ""
+    #: The values a case may declare; empty: any (names the cases give, like fixes).
+    vocabulary: tuple[str, ...] = ()
+    #: The value of records written before the axis existed; a cell id leaves it out.
+    default: str | None = None
+    #: The value of the float32 control, which the harness adds to every case.
+    control: str | None = None
+    #: In a cell id, written ``name=value`` (not the bare value) where not the default.
+    named_in_id: bool = False
+    #: Cells apart on this axis are compared apart (they are in different columns).
+    column: bool = False
+    #: Offered to model checks (``check``, ``@check_model``), with these defaults.
+    model_default: tuple[str, ...] | None = None
+    #: Names a selection may use beyond the values (``all``).
+    requests: tuple[str, ...] = ()
+    #: Values that take an index, ``cuda`` as ``cuda:N``; ``cuda`` then selects them all.
+    indexed: tuple[str, ...] = ()
+    #: What the flag takes, for its help, where it is more than a value.
+    flag_help: str = ""
+    #: The Cell field; filled in from the field's name.
+    name: str = ""
+
+    def aliases(self, value: str) -> tuple[str, ...]:
+        """The names that select ``value``: itself, and its kind where it is indexed."""
+        kind, colon, _ = value.partition(":")
+        return (value, kind) if colon and kind in self.indexed else (value,)
+
+    def keeps(self, wanted: tuple[str, ...], value: str) -> bool:
+        """Whether a selection of ``wanted`` (empty: every value) keeps ``value``."""
+        if not wanted or (self.requests and not set(wanted).isdisjoint(self.requests)):
+            return True
+        return any(name in wanted for name in self.aliases(value))
+
+    def is_request(self, name: str) -> bool:
+        """A name any selection may use (``all``, ``cuda:3``) whatever the cases declare."""
+        kind, colon, index = name.partition(":")
+        return name in self.requests or (bool(colon) and kind in self.indexed and index.isdigit())
+
+
+def axis(plural: str, **declaration: Any) -> Any:
+    """A field of :class:`Cell` that declares an axis; an axis added after records were
+    written needs a ``default``, which those records read as."""
+    spec = Axis(plural, **declaration)
+    metadata = {"axis": spec}
+    if spec.default is None:
+        return dataclasses.field(metadata=metadata)
+    return dataclasses.field(default=spec.default, metadata=metadata)
+
+
 @dataclass(frozen=True, order=True)
 class Cell:
-    """One case x fix x device x dtype x mode x backend: a spec, never a result."""
+    """One case x fix x device x dtype x mode x backend (x compile x size): a spec, never
+    a result. Its fields are the axis table (:data:`AXES`)."""
 
-    case: str
-    fix: str
-    device: str
-    dtype: str
-    mode: str
-    backend: str
+    case: str = axis("cases", declared_as="name", column=True)
+    fix: str = axis("fixes", control="none")
+    device: str = axis(
+        "devices",
+        vocabulary=DEVICE_KINDS,
+        column=True,
+        model_default=("cpu",),
+        requests=("all",),
+        indexed=("cuda",),
+        flag_help="; cpu, cuda, cuda:N or all",
+    )
+    dtype: str = axis(
+        "dtypes",
+        vocabulary=DTYPES,
+        control="float32",
+        column=True,
+        model_default=LOW_PRECISION_DTYPES,
+    )
+    mode: str = axis(
+        "modes",
+        vocabulary=MODE_NAMES,
+        control="fp32",
+        column=True,
+        model_default=("autocast", "half"),
+    )
+    backend: str = axis("backends", vocabulary=BACKENDS, model_default=("sdpa",))
     #: ``eager``, or ``inductor`` for a fix run under ``torch.compile``.
-    compile: str = "eager"
+    compile: str = axis(
+        "compiles", vocabulary=COMPILE_MODES, default=COMPILE_MODES[0], model_default=(EAGER,)
+    )
     #: The workload size: ``small`` (toy dimensions, for CI and correctness) or
     #: ``upstream`` (the real model's dimensions, from the config the case cites).
-    size: str = SMALL_SIZE
+    size: str = axis(
+        "sizes",
+        declared_as="size_names",
+        vocabulary=SIZES,
+        default=SMALL_SIZE,
+        named_in_id=True,
+        column=True,
+        requests=("all",),
+        flag_help="; small, upstream or all (default: small on cpu, both sizes on cuda)",
+    )
 
     @property
     def id(self) -> str:
         """The cell's identity: ``case[fix,device,dtype,mode,backend]``, with ``,inductor``
         appended for a compiled cell and ``,size=upstream`` for a cell not of the small size
-        (so the ids of records written before the size axis stay what they were)."""
-        compiled = "" if self.compile == "eager" else f",{self.compile}"
-        size = "" if self.size == SMALL_SIZE else f",size={self.size}"
-        return (
-            f"{self.case}[{self.fix},{self.device},{self.dtype},{self.mode},{self.backend}"
-            f"{compiled}{size}]"
-        )
+        (an axis at its default is left out, so ids written before it stay what they were)."""
+        return axis_id(self, axes_of(type(self)))
 
     @property
     def fix_and_backend(self) -> str:
@@ -123,7 +204,7 @@ class Cell:
         """The row label of tables: the fix, its backend where a case ran several, and how it
         was compiled where it was (``none (inductor)``)."""
         label = self.fix_and_backend if show_backend else self.fix
-        return label if self.compile == "eager" else f"{label} ({self.compile})"
+        return label if self.compile == EAGER else f"{label} ({self.compile})"
 
     @property
     def column(self) -> Column:
@@ -136,9 +217,9 @@ class Cell:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Cell:
-        """A cell from its fields (records written before the compile axis are eager)."""
+        """A cell from its fields (records written before an axis read as its default)."""
         data = as_mapping(data, "cell")
-        given = [data.get(name, default) for name, default in cell_defaults()]
+        given = [data.get(name, default) for name, default in cell_defaults(cls)]
         if {str}.issuperset(map(type, given)) and all(given):  # every name given, non-empty
             return cls(*given)
         values = {}
@@ -152,10 +233,45 @@ class Cell:
         return cls(**values)
 
 
-@cache
-def cell_defaults() -> tuple[tuple[str, Any], ...]:
+def axes_of(cell_type: type[Cell]) -> tuple[Axis, ...]:
+    """The axis table of a cell type: its fields, in order, each with its declaration
+    (worked out once per type and kept on it)."""
+    table: tuple[Axis, ...] | None = cell_type.__dict__.get("_axis_table")
+    if table is None:
+        table = tuple(
+            dataclasses.replace(f.metadata["axis"], name=f.name)
+            for f in dataclasses.fields(cell_type)
+        )
+        setattr(cell_type, "_axis_table", table)  # noqa: B010  # on the class, not a field
+    return table
+
+
+def axis_id(cell: Any, axes: tuple[Axis, ...]) -> str:
+    """``first[second,third,...]``: each axis's value, one left at its default left out."""
+    first, *rest = axes
+    parts = []
+    for spec in rest:
+        value = getattr(cell, spec.name)
+        if spec.default is None:
+            parts.append(value)
+        elif value != spec.default:
+            parts.append(f"{spec.name}={value}" if spec.named_in_id else value)
+    return f"{getattr(cell, first.name)}[{','.join(parts)}]"
+
+
+def cell_defaults(cell_type: type[Cell] = Cell) -> tuple[tuple[str, Any], ...]:
     """Each field of a cell with its default (``dataclasses.MISSING`` where it has none)."""
-    return tuple((f.name, f.default) for f in dataclasses.fields(Cell))
+    return tuple(
+        (axis.name, dataclasses.MISSING if axis.default is None else axis.default)
+        for axis in axes_of(cell_type)
+    )
+
+
+#: The axis table: every axis of the matrix, in the order of a cell's fields.
+AXES = axes_of(Cell)
+AXIS = {spec.name: spec for spec in AXES}
+#: The axes a model check selects (``check``'s flags, ``@check_model``'s keywords).
+MODEL_AXES = tuple(spec for spec in AXES if spec.model_default is not None)
 
 
 @dataclass(frozen=True, order=True)
@@ -170,5 +286,14 @@ class Column:
 
     @property
     def id(self) -> str:
-        size = "" if self.size == SMALL_SIZE else f",size={self.size}"
-        return f"{self.case}[{self.device},{self.dtype},{self.mode}{size}]"
+        """``case[device,dtype,mode]``, with ``,size=upstream`` as in a cell's id."""
+        return axis_id(self, COLUMN_AXES)
+
+
+#: The axes a column is made of: the fixes, backends and compiles of a column are its rows.
+COLUMN_AXES = tuple(spec for spec in AXES if spec.column)
+
+#: The control of every case: its upstream code path (``none``) in float32.
+CONTROL_FIX = AXIS["fix"].control or ""
+CONTROL_DTYPE = AXIS["dtype"].control or ""
+CONTROL_MODE = AXIS["mode"].control or ""

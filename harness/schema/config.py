@@ -70,7 +70,7 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "selection": dataclasses.asdict(self.selection),
+            "selection": self.selection.to_dict(),
             "cases_dirs": [str(Path(d).resolve()) for d in self.cases_dirs],
             "results_root": str(self.results_root),
             "workers": self.workers,
@@ -90,12 +90,12 @@ class RunConfig:
         ``TypeError`` / ``ValueError`` naming its field."""
         data = as_mapping(data, "config")
         selection = {
-            k: as_tuple(v, f"selection.{k}")
+            k: strings(v, f"selection.{k}")
             for k, v in as_mapping(data.get("selection") or {}, "selection").items()
         }
         timing = data.get("timing")
         config = cls(
-            selection=Selection(**selection),
+            selection=Selection.from_dict(selection),
             cases_dirs=absolute_paths(data.get("cases_dirs"), "cases_dirs"),
             results_root=Path(data.get("results_root") or "results"),
             workers=data.get("workers", "auto"),
@@ -108,7 +108,7 @@ class RunConfig:
             models_path=data.get("models_path") or "",
             keep_fp32=strings(data.get("keep_fp32"), "keep_fp32"),
         )
-        for part in (config.selection, config.limits, config.timing):
+        for part in (config.limits, config.timing):
             if part is not None:
                 check_fields(part, f"{type(part).__name__}.")
         for name, value in (
