@@ -21,7 +21,7 @@ from harness.report import aggregate, grouping, render
 from harness.report.compare import compare_runs, render_comparison
 from harness.report.render import render_report, write_report
 from harness.results import storage
-from harness.results.kept import Kept
+from harness.results.computed_in import ComputedIn
 from harness.schema.records import Flag
 from harness.schema.trail_records import Promotion, Site, Trail
 from tests.conftest import harness
@@ -110,7 +110,7 @@ def test_no_recommendation_is_an_fp32_fallback_while_a_half_fix_passes(frame) ->
     assert "fp32" in [c.split(":")[0] for c in dia.fallbacks]
     assert all("passes by falling back to fp32" in cost for cost in dia.fallbacks)
     levels = aggregate.precision_by_fix(frame[frame["case"] == "dia-sdpa-kv-cache"])
-    assert levels["fp32"] is Kept.FALLBACK and levels[dia.fix] is Kept.HALF
+    assert levels["fp32"] is ComputedIn.FALLBACK and levels[dia.fix] is ComputedIn.HALF
 
 
 def test_compare_golden() -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import pandas as pd
 
 from harness.results import storage
-from harness.results.kept import Kept, fix_kept, kept
+from harness.results.computed_in import ComputedIn, computed_in, fix_computed_in
 from harness.results.search import release_key
 from harness.results.speed import SpeedRatios, record_key, speed_ratios
 from harness.results.summary import failure_line
@@ -102,7 +102,7 @@ def load_rows(run_dir: Path) -> Run:
 
 def shared(columns: dict[str, list[Any]]) -> dict[str, list[Any]]:
     """``columns`` with equal values as one object: a run repeats its names, labels and
-    messages in every row, and one object is sent between processes (pickled once) and kept
+    messages in every row, and one object is sent between processes (pickled once) and held
     once, where a copy per row made a large report's memory."""
     seen: dict[str | None, str | None] = {}
     return {
@@ -171,7 +171,7 @@ def record_row(
         "note": record.note,
         "out_dtype": record.out_dtype,
         "attn_dtype": record.attn_dtype,
-        "kept": level.value if (level := kept(record)) else None,
+        "computed_in": computed_in(record),
         "rel_err": numerics.rel_err if numerics else None,
         "tolerance": numerics.tolerance if numerics else None,
         "median_s": perf.speed_s if perf else None,
@@ -382,15 +382,16 @@ FALLBACK_CRITERION = (
 )
 
 
-def precision_by_fix(case_frame: pd.DataFrame) -> dict[str, Kept | None]:
-    """Each fix's precision over the low-precision cells that ran (``harness.results.kept``)."""
-    by_fix = case_frame.groupby("fix")["kept"]
-    return {str(fix): fix_kept(levels.unique()) for fix, levels in by_fix}
+def precision_by_fix(case_frame: pd.DataFrame) -> dict[str, ComputedIn | None]:
+    """What each fix computed in over the low-precision cells that ran
+    (``harness.results.computed_in``)."""
+    by_fix = case_frame.groupby("fix")["computed_in"]
+    return {str(fix): fix_computed_in(levels.unique()) for fix, levels in by_fix}
 
 
 #: What a recommendation reads of the frame.
-RECOMMEND_COLUMNS = ["fix", "outcome", "label", "kept", "rel_err", "vs_fastest", "env", "size",
-                     "dtype", "mode", "median_s", "peak_mem_bytes"]  # fmt: skip
+RECOMMEND_COLUMNS = ["fix", "outcome", "label", "computed_in", "rel_err", "vs_fastest", "env",
+                     "size", "dtype", "mode", "median_s", "peak_mem_bytes"]  # fmt: skip
 
 
 def recommend(frame: pd.DataFrame, case: str) -> Recommendation:
@@ -410,9 +411,9 @@ def recommend(frame: pd.DataFrame, case: str) -> Recommendation:
     if not candidates:
         return Recommendation(case, None, "no fix passes in every environment measured")
     levels = precision_by_fix(mine)
-    fallbacks = [f for f in candidates if levels.get(f) is Kept.FALLBACK]
-    keeping = [f for f in candidates if f not in fallbacks]
-    pool = keeping or fallbacks
+    fallbacks = [f for f in candidates if levels.get(f) is ComputedIn.FALLBACK]
+    in_half = [f for f in candidates if f not in fallbacks]
+    pool = in_half or fallbacks
     stats = (
         mine[mine["fix"].isin(pool)]
         .groupby("fix")
@@ -431,7 +432,7 @@ def recommend(frame: pd.DataFrame, case: str) -> Recommendation:
         case,
         name,
         _reason(name, best, stats),
-        CRITERION if keeping else FALLBACK_CRITERION,
+        CRITERION if in_half else FALLBACK_CRITERION,
         costs,
     )
 

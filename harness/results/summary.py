@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
-from harness.schema.axes import DTYPES, MODE_NAMES, MODES, SIZES, SMALL_SIZE, rank
-from harness.results.kept import Kept, fix_kept, kept
-from harness.schema.records import LABELS, CellRecord, Outcome, outcome_label
+from harness.results.computed_in import ComputedIn, computed_in, fix_computed_in
 from harness.results.speed import RecordKey, SpeedRatios, record_key, speed_ratios
+from harness.schema.axes import DTYPES, MODE_NAMES, MODES, SIZES, SMALL_SIZE, rank
+from harness.schema.records import LABELS, CellRecord, Outcome, outcome_label
 
 SPEED_LEGEND = (
     " (c: ratio to the case's fp32 control, f: to the column's fastest fix that passes with no"
@@ -155,20 +155,19 @@ CPU_SPEED_NOTE = "  (timed on a CPU: half-precision speed on a CPU does not pred
 
 
 def precision_line(records: Sequence[CellRecord]) -> str | None:
-    """``  computes in: half: a, b; fp32 fallback: c``: which fixes kept the matmuls and
-    attention in the cell's dtype (see ``harness.results.kept``)."""
-    by_fix: dict[str, list[str | None]] = {}
+    """``  computes in: half: a, b; fp32 fallback: c``: which fixes ran the matmuls and
+    attention in the cell's dtype (see ``harness.results.computed_in``)."""
+    by_fix: dict[str, list[ComputedIn | None]] = {}
     for r in records:
-        level = kept(r)
-        by_fix.setdefault(r.cell.fix, []).append(level.value if level else None)
-    groups: dict[Kept, list[str]] = {}
+        by_fix.setdefault(r.cell.fix, []).append(computed_in(r))
+    groups: dict[ComputedIn, list[str]] = {}
     for fix, levels in by_fix.items():
-        level = fix_kept(levels)
+        level = fix_computed_in(levels)
         if level is not None:
             groups.setdefault(level, []).append(fix)
     if not groups:
         return None
-    parts = [f"{level.value}: {', '.join(groups[level])}" for level in Kept if level in groups]
+    parts = [f"{c.value}: {', '.join(groups[c])}" for c in ComputedIn if c in groups]
     return "  computes in: " + "; ".join(parts)
 
 

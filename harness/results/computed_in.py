@@ -1,4 +1,4 @@
-"""Did a fix keep the computation in the cell's dtype, or pass by leaving it?
+"""What a cell's heavy compute ran in: the cell's dtype, or float32 where a fix left it?
 
 Mixed precision exists to run the matmuls and attention in half precision. A fix that
 passes by running them in float32 is a fallback: correct, but it gives up what the
@@ -18,12 +18,12 @@ LOW_PRECISION = ("float16", "bfloat16")
 WIDE = ("float32", "float64")
 
 
-class Kept(str, Enum):
-    """How much of a cell's heavy compute stayed in its low-precision dtype."""
+class ComputedIn(str, Enum):
+    """How much of a cell's heavy compute ran in its low-precision dtype."""
 
     #: Every matmul and attention kernel ran in the cell's dtype.
     HALF = "half"
-    #: Some ran in float32 (a softmax or a norm kept wide, say), the rest in half.
+    #: Some ran in float32 (a softmax or a norm left wide, say), the rest in half.
     PARTLY = "partly fp32"
     #: Every one ran in float32: the fix passes by leaving half precision.
     FALLBACK = "fp32 fallback"
@@ -38,7 +38,7 @@ def kernel_dtypes(record: CellRecord) -> set[str]:
     return set(record.attn_dtype.split("+")) if record.attn_dtype else set()
 
 
-def kept(record: CellRecord) -> Kept | None:
+def computed_in(record: CellRecord) -> ComputedIn | None:
     """How a low-precision cell that ran computed; None where that is not known (no trail:
     ``--no-trace`` or a compiled cell) or does not apply (the float32 control, a cell that
     raised or was skipped)."""
@@ -52,15 +52,16 @@ def kept(record: CellRecord) -> Kept | None:
     if not dtypes or not (low or wide):
         return None
     if low and not wide:
-        return Kept.HALF
-    return Kept.PARTLY if low else Kept.FALLBACK
+        return ComputedIn.HALF
+    return ComputedIn.PARTLY if low else ComputedIn.FALLBACK
 
 
-def fix_kept(cells: Iterable[object]) -> Kept | None:
-    """A fix over its cells (``Kept`` values): a fallback if any cell fell back, else partly
-    if any cell ran partly in float32, else half; None when no cell says."""
-    known = {k for k in cells if isinstance(k, str)}
-    for level in (Kept.FALLBACK, Kept.PARTLY, Kept.HALF):
-        if level.value in known:
+def fix_computed_in(cells: Iterable[object]) -> ComputedIn | None:
+    """A fix over its cells (each a ``ComputedIn``, or None or a missing value where not
+    known): a fallback if any cell fell back, else partly if any cell ran partly in
+    float32, else half; None when no cell says."""
+    known = {c for c in cells if isinstance(c, ComputedIn)}
+    for level in (ComputedIn.FALLBACK, ComputedIn.PARTLY, ComputedIn.HALF):
+        if level in known:
             return level
     return None
