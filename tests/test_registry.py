@@ -51,6 +51,7 @@ def test_duplicate_name_is_an_error_naming_both_files(clean_registry: None) -> N
         ({"title": ""}, "missing title"),
         ({"upstream": None}, "missing upstream"),
         ({"failure": None}, "missing failure"),
+        ({"failure": None, "has_known_failure": False}, "only a model you check"),
         ({"reference_fix": "nope"}, "reference_fix 'nope' is not one of its fixes"),
         ({"modes": ("half", "turbo")}, "unknown mode 'turbo'"),
         ({"dtypes": ("float8",)}, "unknown dtype 'float8'"),

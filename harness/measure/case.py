@@ -191,6 +191,9 @@ class Case:
     #: 4's assertion where flash-attn 2 raises a RuntimeError). A cell reproduces when its
     #: error matches ``failure`` or any of these.
     failure_variants: ClassVar[tuple[FailureSignature, ...]] = ()
+    #: A failure pattern reproduces a known failure, which it must declare (``failure``); a
+    #: model you check (``harness.measure.model_case``) has none: its errors are just errors.
+    has_known_failure: ClassVar[bool] = True
     #: A fix that is correct in any dtype: run in float64 it is the reference, run in the
     #: cell's dtype (mode ``half``, on the CPU) it is the plain low-precision baseline.
     reference_fix: ClassVar[str] = ""

@@ -144,6 +144,7 @@ class ModelCase(Case):
     factory: ClassVar[Factory]
     reference_fix = "none"
     failure = None
+    has_known_failure = False
     #: A factory may build another model per backend (transformers' attention classes draw
     #: their random weights in another order): each backend is judged against its own.
     reference_per_backend = True

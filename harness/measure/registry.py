@@ -39,6 +39,8 @@ def register(cls: C) -> C:
     case = cls()
     case.source_file = sys.modules[cls.__module__].__file__ or cls.__module__
     problems = contract_problems(case)
+    if not case.has_known_failure:
+        problems.append("has_known_failure is False: only a model you check has no known failure")
     module = sys.modules[cls.__module__]
     if case.name in _REGISTRY and not reimported(case, module):
         other = _REGISTRY[case.name].source_file
@@ -62,7 +64,7 @@ def contract_problems(case: Case) -> list[str]:
     problems = []
     if not CASE_NAME.match(case.name or ""):
         problems.append(f"name {case.name!r} must be lower-case words joined by '-'")
-    for attr in ("title", "upstream", "failure", "reference_fix"):
+    for attr in required_attributes(case):
         if not getattr(case, attr):
             problems.append(f"missing {attr}")
     problems += unknown_axis_values(case)
@@ -73,6 +75,13 @@ def contract_problems(case: Case) -> list[str]:
     if case.min_torch is not None and not RELEASE.match(str(case.min_torch)):
         problems.append(f"min_torch {case.min_torch!r} must be a release such as '2.4'")
     return problems
+
+
+def required_attributes(case: Case) -> tuple[str, ...]:
+    """What a case must declare: a failure pattern its known failure too, a model you check
+    (``has_known_failure`` False) none."""
+    failure = ("failure",) if case.has_known_failure else ()
+    return ("title", "upstream", *failure, "reference_fix")
 
 
 def unknown_axis_values(case: Case, axes: tuple[Axis, ...] = AXES) -> list[str]:
@@ -142,17 +151,13 @@ def _fix_problems(case: Case) -> list[str]:
 def add_model_case(case: Case) -> Case:
     """Register a case made from a user's model (``harness.measure.model_case``): it has no known
     failure or upstream to check, only axes and a name."""
-    problems = [p for p in contract_problems(case) if p not in MODEL_CASE_EXEMPT]
+    problems = contract_problems(case)
     if problems:
         raise CaseContractError(f"{case.name}: " + "; ".join(problems))
     if case.name in _REGISTRY:
         raise CaseContractError(f"a case named {case.name!r} is already registered")
     _REGISTRY[case.name] = case
     return copy.copy(case)
-
-
-#: What a model case may lack: it checks a model, not a known failure.
-MODEL_CASE_EXEMPT = ("missing failure",)
 
 
 def get(name: str) -> Case:
