@@ -10,10 +10,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from harness.cli import add_run_options, selection_from
+from harness.cli.options import add_run_options, selection_from
 from harness.measure.registry import unknown_axis_values
 from harness.plugin import cell_id, expected_label
 from harness.schema.axes import AXES, COLUMN_AXES, MODEL_AXES, Cell, Column, axes_of, axis
@@ -40,7 +41,7 @@ def spiced(flavour: str, dtype: str = "float16") -> SpicedCell:
     return SpicedCell("toy", "none", "cpu", dtype, "half", "sdpa", flavour=flavour)
 
 
-def toy_case(**declared: object) -> SimpleNamespace:
+def toy_case(**declared: object) -> Any:
     """What validation reads of a case: its name and its values on each axis."""
     values: dict[str, object] = {
         "name": "toy",

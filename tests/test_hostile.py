@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import cli
+from harness.cli import output
 from harness.measure import torch_state
 from harness.results import storage
 from harness.runner.run import missing_cells
@@ -93,7 +93,7 @@ def test_a_run_with_planned_cells_unrecorded_names_them_and_fails(
     lines = (run_dir / storage.CELLS_FILE).read_text().splitlines(keepends=True)
     (run_dir / storage.CELLS_FILE).write_text("".join(lines[1:]))
     lost = CellRecord.from_dict(json.loads(lines[0])).cell
-    assert cli.show_run(run_dir, None) == cli.INCOMPLETE
+    assert output.show_run(run_dir, None) == output.INCOMPLETE
     err = capsys.readouterr().err
     assert f"1 planned cells have no record:\n  {lost.id}" in err
     assert f"--resume {run_dir}" in err

@@ -1,0 +1,64 @@
+"""What the commands print: a finished run's summary and paths, the cells a run left
+without a record, reading problems."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from harness.results import storage
+from harness.schema.axes import Cell
+
+
+def existing_run_dir(path: Path) -> Path:
+    if not path.is_dir():
+        raise storage.ResultsError(f"{path}: not a directory (expected a results run folder)")
+    return path
+
+
+def warn(problems: Sequence[str]) -> None:
+    """Reading problems (file and line) go to stderr; the command goes on with the rest."""
+    for problem in problems:
+        print(f"ampmatrix: warning: {problem}", file=sys.stderr)
+
+
+#: The exit code of a run that ended with planned cells that have no record.
+INCOMPLETE = 3
+
+
+#: At most this many missing cells are named one by one.
+MAX_MISSING_SHOWN = 20
+
+
+def show_run(run_dir: Path, report_dir: Path | None) -> int:
+    """The summary of a finished run, its path, and its report when asked for. A run
+    that left planned cells without a record names them and exits ``INCOMPLETE``."""
+    from harness.results.summary import render_summary
+    from harness.runner.run import missing_cells
+
+    records = storage.read_records(run_dir)
+    print()
+    print(render_summary(records))
+    print(f"\nresults: {run_dir / storage.CELLS_FILE}")
+    if report_dir:
+        from harness.report.aggregate import load_run
+        from harness.report.render import render_report, write_report
+
+        report = write_report(
+            render_report([load_run(run_dir)]), report_dir / f"{run_dir.name}.html"
+        )
+        print(f"report:  {report}")
+    return report_missing(run_dir, missing_cells(run_dir, records))
+
+
+def report_missing(run_dir: Path, missing: Sequence[Cell]) -> int:
+    if not missing:
+        return 0
+    print(f"\nampmatrix: {len(missing)} planned cells have no record:", file=sys.stderr)
+    for cell in missing[:MAX_MISSING_SHOWN]:
+        print(f"  {cell.id}", file=sys.stderr)
+    if len(missing) > MAX_MISSING_SHOWN:
+        print(f"  ... and {len(missing) - MAX_MISSING_SHOWN} more", file=sys.stderr)
+    print(f"finish them with: python -m harness run --resume {run_dir}", file=sys.stderr)
+    return INCOMPLETE
