@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils import benchmark
 
-from harness.measure import execute, registry
+from harness.measure import cell_timing, registry
 from harness.measure.timing import measure
 from harness.results import storage
 from harness.results.speed import TIE_RATIO, median_of, rank_with_ties, significantly_faster
@@ -116,7 +116,7 @@ def overhead_per_cell(run_dir: Path) -> None:
     overheads, measured_total = [], 0.0
     for record in records:
         started = time.perf_counter()
-        timed = execute.time_cell(record, TimingConfig())
+        timed = cell_timing.time_cell(record, TimingConfig())
         wall = time.perf_counter() - started
         assert timed.perf is not None
         measured = sum(timed.perf.time_samples) * timed.perf.time_block

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.measure import execute, registry
+from harness.measure import references, registry
 
 pytest_plugins = ["pytester"]
 
@@ -77,14 +77,14 @@ def clean_registry() -> Iterator[None]:
     saved = dict(registry._REGISTRY)
     saved_modules = set(sys.modules)
     registry.clear()
-    execute.forget_shared()
+    references.forget_shared()
     yield
     registry.clear()
     registry._REGISTRY.update(saved)
     for name in set(sys.modules) - saved_modules:
         if name.startswith(("cases.", "ampmatrix_external_")):
             del sys.modules[name]
-    execute.forget_shared()
+    references.forget_shared()
 
 
 @pytest.fixture

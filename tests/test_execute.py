@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.measure import execute
+from harness.measure import cell_record, errors, execute, fix_run
 from harness.schema.axes import Cell
 from harness.schema.records import CrashKind, Outcome
 
@@ -71,11 +71,11 @@ def test_same_cell_twice_gives_identical_figures(toy_registry: None) -> None:
 def test_skipped_and_crashed_records_carry_their_reason() -> None:
     cell = toy_cell("none")
     assert execute.skipped_record(cell, "why").skip_reason == "why"
-    crashed = execute.limit_record(
+    crashed = cell_record.limit_record(
         cell, Outcome.CRASHED, "WorkerDied", "x" * 10_000, "gw1", CrashKind.WORKER_DIED
     )
     assert crashed.outcome is Outcome.CRASHED and crashed.crash_kind is CrashKind.WORKER_DIED
-    assert len(str(crashed.error_message)) == execute.MAX_MESSAGE
+    assert len(str(crashed.error_message)) == errors.MAX_MESSAGE
 
 
 @pytest.mark.parametrize(
@@ -104,8 +104,8 @@ def test_a_seed_cell_run_twice_gives_bit_identical_output(cell: Cell) -> None:
     case = registry.get(cell.case)
 
     def output() -> torch.Tensor:
-        ctx = execute.context_for(case, cell)
-        run = execute.run_fix_checked(case, cell.fix, ctx)
+        ctx = fix_run.context_for(case, cell)
+        run = fix_run.run_fix_checked(case, cell.fix, ctx)
         assert run.error is None and isinstance(run.output, torch.Tensor)
         return run.output
 

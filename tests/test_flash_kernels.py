@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from harness.measure import environment, execute, flash_kernels, registry
+from harness.measure import cell_record, environment, flash_kernels, judging, registry
 from harness.measure.flash_kernels import FLASH_ATTN_2, FLASH_ATTN_4, FlashPackage
 from harness.schema.axes import Cell
 from harness.schema.records import CellRecord, Outcome
@@ -76,11 +76,11 @@ def test_neither_installed_the_contract_stands_in(monkeypatch: pytest.MonkeyPatc
 def test_records_say_which_kernel_ran(monkeypatch: pytest.MonkeyPatch) -> None:
     installed(monkeypatch, flash_attn_4="4.0.0b36")
     on_gpu(monkeypatch, 9, 0)
-    note = execute.backend_note(Cell("c", "none", "cuda:0", "float16", "half", "flash-attn"))
+    note = cell_record.backend_note(Cell("c", "none", "cuda:0", "float16", "half", "flash-attn"))
     assert note is not None
     assert note.startswith("flash-attn: the real kernel, flash-attn-4 4.0.0b36 (flash_attn.cute)")
     assert "outside torch's dispatcher" in note  # the trail cannot see inside it
-    contract = execute.backend_note(Cell("c", "none", "cpu", "float16", "half",
+    contract = cell_record.backend_note(Cell("c", "none", "cpu", "float16", "half",
                                          "flash-attn-contract"))  # fmt: skip
     assert contract is not None and "flash-attn 2's input contract and error messages" in contract
 
@@ -114,7 +114,7 @@ def var_case(clean_registry: None) -> Any:
 def raised_record(case: Any, error: BaseException) -> CellRecord:
     cell = Cell(case.name, "none", "cuda:0", "float16", "autocast", "flash-attn")
     record = CellRecord(cell=cell, torch_version=torch.__version__, outcome=Outcome.CRASHED)
-    return execute.raised(case, error, record)
+    return judging.raised(case, error, record)
 
 
 @pytest.mark.parametrize("refusal", [FLASH_2_REFUSAL, FLASH_4_MIXED, FLASH_4_ALL_FP32])

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from harness.measure import execute, registry
+from harness.measure import cell_timing, execute, fix_run, registry
 from harness.measure.case import Case, Workload
 from harness.measure.precision import (
     NO_AUTOCAST,
@@ -66,35 +66,35 @@ class Block(nn.Module):
 def test_half_casts_model_and_inputs_except_what_the_case_keeps(toy_registry: None) -> None:
     case = registry.get("toy-mixed-matmul")
     keep = ("norm", "gate", "t")  # parts of the model, and an input by its name
-    ctx = execute.context_for(case, Cell(case.name, "none", "cpu", "bfloat16", "half", "eager"))
+    ctx = fix_run.context_for(case, Cell(case.name, "none", "cpu", "bfloat16", "half", "eager"))
     inputs = {"x": torch.randn(2, 4), "ids": torch.arange(3), "steps": [torch.randn(2)], "n": 3}
     inputs["t"] = torch.tensor([500.25])
-    w = execute.apply_precision(Workload(Block(), inputs), ctx, keep)
+    w = fix_run.apply_precision(Workload(Block(), inputs), ctx, keep)
     assert w.model.proj.weight.dtype == torch.bfloat16
     assert w.model.norm.weight.dtype == torch.float32 and w.model.gate.dtype == torch.float32
     assert w.inputs["x"].dtype == torch.bfloat16 and w.inputs["steps"][0].dtype == torch.bfloat16
     assert w.inputs["ids"].dtype == torch.int64 and w.inputs["n"] == 3
     assert w.inputs["t"].dtype == torch.float32 and w.inputs["t"].item() == 500.25
-    reference = execute.context_for(
+    reference = fix_run.context_for(
         case, Cell(case.name, "none", "cpu", "float64", "half", "eager")
     )
-    w64 = execute.apply_precision(Workload(Block(), inputs), reference, keep)
+    w64 = fix_run.apply_precision(Workload(Block(), inputs), reference, keep)
     assert {p.dtype for p in w64.model.parameters()} == {torch.float64}
     assert w64.inputs["t"].dtype == torch.float64
 
 
 def test_autocast_mode_leaves_float32_weights(toy_registry: None) -> None:
     case = registry.get("toy-mixed-matmul")
-    ctx = execute.context_for(case, Cell(case.name, "none", "cpu", "float16", "autocast", "eager"))
-    w = execute.apply_precision(Workload(Block(), {"x": torch.randn(2, 4)}), ctx, ("norm",))
+    ctx = fix_run.context_for(case, Cell(case.name, "none", "cpu", "float16", "autocast", "eager"))
+    w = fix_run.apply_precision(Workload(Block(), {"x": torch.randn(2, 4)}), ctx, ("norm",))
     assert {p.dtype for p in w.model.parameters()} == {torch.float32}
 
 
 def test_keeping_a_part_the_model_lacks_is_an_error(toy_registry: None) -> None:
     case = registry.get("toy-mixed-matmul")
-    ctx = execute.context_for(case, Cell(case.name, "none", "cpu", "float16", "half", "eager"))
+    ctx = fix_run.context_for(case, Cell(case.name, "none", "cpu", "float16", "half", "eager"))
     with pytest.raises(AttributeError, match="keep_fp32 names 'nrom', which is neither"):
-        execute.apply_precision(Workload(Block(), {"x": torch.randn(2, 4)}), ctx, ("nrom",))
+        fix_run.apply_precision(Workload(Block(), {"x": torch.randn(2, 4)}), ctx, ("nrom",))
 
 
 def test_the_autocast_witness_sees_ops_under_autocast_only() -> None:
@@ -173,10 +173,10 @@ def test_a_training_step_passes_leaf_by_leaf_and_is_rerunnable(
     assert record.outcome is Outcome.PASSES and not record.flags
     assert record.numerics is not None
     assert record.numerics.leaf in ("loss", "head_grad", "updated_head")
-    timed = execute.checked_call(record, ClockStopwatch(), min_block_s=0.01)
-    assert isinstance(timed, execute.TimedCall) and timed.record.note is None
+    timed = cell_timing.checked_call(record, ClockStopwatch(), min_block_s=0.01)
+    assert isinstance(timed, cell_timing.TimedCall) and timed.record.note is None
     timed.call()  # a timed call: it computes what the first call did
-    assert execute.rerun_note(timed) is None
+    assert cell_timing.rerun_note(timed) is None
 
 
 def test_failures_show_the_real_error_and_the_case_frames(contract_registry: None) -> None:
@@ -244,8 +244,8 @@ def test_the_authoring_api_is_importable_from_harness() -> None:
 def test_a_call_whose_output_changes_between_calls_is_noted(contract_registry: None) -> None:
     record = run("toy-training-step", "as-dict", "bfloat16", "half")
     calls = itertools.count()
-    keeping = execute.KeepingLast(lambda: torch.tensor(float(next(calls))))
+    keeping = cell_timing.KeepingLast(lambda: torch.tensor(float(next(calls))))
     keeping()
-    timed = execute.TimedCall(record, keeping, torch.device("cpu"), keeping.last, 0.0)
+    timed = cell_timing.TimedCall(record, keeping, torch.device("cpu"), keeping.last, 0.0)
     keeping()  # a timed call that computes something else: a counter, a growing cache
-    assert execute.rerun_note(timed) == execute.NOT_RERUNNABLE
+    assert cell_timing.rerun_note(timed) == cell_timing.NOT_RERUNNABLE

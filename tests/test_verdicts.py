@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.measure import execute, registry
+from harness.measure import execute, fix_run, judging, registry
 from harness.measure.case import Case, RunContext, Workload, fix
 from harness.measure.model_case import Matrix, model_case
 from harness.measure.numerics import ROUNDING_FACTOR, rounding_ratio
@@ -238,9 +238,9 @@ def test_a_fix_can_narrow_keep_fp32() -> None:
     case = NarrowingCase()
     assert not [p for p in registry.contract_problems(case) if "keep" in p]
     assert case.kept_by("none") == ("gain",) and case.kept_by("all-half") == ()
-    ctx = execute.context_for(case, Cell("narrowing", "none", "cpu", "float16", "half", "sdpa"))
+    ctx = fix_run.context_for(case, Cell("narrowing", "none", "cpu", "float16", "half", "sdpa"))
     for fix_name, kept in (("none", True), ("all-half", False)):
-        workload = execute.prepared_workload(case, ctx, case.kept_by(fix_name))
+        workload = fix_run.prepared_workload(case, ctx, case.kept_by(fix_name))
         assert case.fixes[fix_name].func(case, workload, ctx)[0] is kept
 
 
@@ -271,21 +271,21 @@ def test_a_gpu_float32_control_with_tf32_on_is_judged_against_tf32(
 ) -> None:
     cell = Cell("any", "none", "cuda:0", "float32", "fp32", "sdpa")
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    assert execute.tf32_setting(cell, None) is None
+    assert judging.tf32_setting(cell, None) is None
     previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high")  # as allow_tf32 = True does
     try:
-        assert execute.tf32_setting(cell, None) == (
+        assert judging.tf32_setting(cell, None) == (
             "torch.get_float32_matmul_precision() == 'high'"
         )
         on_cpu = Cell("any", "none", "cpu", "float32", "fp32", "sdpa")
         half = Cell("any", "none", "cuda:0", "float16", "half", "sdpa")
-        assert execute.tf32_setting(on_cpu, None) is None
-        assert execute.tf32_setting(half, None) is None
+        assert judging.tf32_setting(on_cpu, None) is None
+        assert judging.tf32_setting(half, None) is None
     finally:
         torch.set_float32_matmul_precision(previous)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
-    assert execute.tf32_setting(cell, None) == "torch.backends.cudnn.allow_tf32"
+    assert judging.tf32_setting(cell, None) == "torch.backends.cudnn.allow_tf32"
 
 
 def test_kernel_flops_from_shapes() -> None:

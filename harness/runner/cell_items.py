@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import torch
 
-from harness.measure import execute, model_case, registry
+from harness.measure import cell_record, errors, model_case, registry
 from harness.results import storage
 from harness.runner.isolation import (
     batch_records,
@@ -299,7 +299,7 @@ def crashed_cell(run_dir: Path, cells: list[Cell], message: str, worker: str) ->
     if running is None:
         return []
     return [
-        execute.limit_record(
+        cell_record.limit_record(
             running, Outcome.CRASHED, "WorkerDied", message, worker, CrashKind.WORKER_DIED
         )
     ]
@@ -322,5 +322,5 @@ def noted_timing_crash(
     run_dir: Path, records: list[CellRecord], message: str, worker: str
 ) -> list[CellRecord]:
     timed = {r.cell for r in storage.read_records(run_dir, problems=[]) if r.perf}
-    failure = f"the timing worker {worker} died: {message}"[: execute.MAX_MESSAGE]
+    failure = f"the timing worker {worker} died: {message}"[: errors.MAX_MESSAGE]
     return [replace(r, timing_error=failure) for r in records if r.cell not in timed]

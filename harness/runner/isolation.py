@@ -32,7 +32,17 @@ from typing import Any
 
 import torch
 
-from harness.measure import execute, perf, registry, torch_state, trail
+from harness.measure import (
+    cell_record,
+    cell_timing,
+    errors,
+    execute,
+    perf,
+    references,
+    registry,
+    torch_state,
+    trail,
+)
 from harness.schema.axes import Cell
 from harness.schema.config import Limits, TimingConfig
 from harness.schema.records import CellRecord, CrashKind, Outcome
@@ -70,7 +80,7 @@ def settle_worker() -> str | None:
 
 #: (workpiece, device) -> why the process computing its reference and baselines gave no
 #: result, or None once they are known (or raised, which each cell then records).
-_SHARED: dict[tuple[execute.Workpiece, str], str | None] = {}
+_SHARED: dict[tuple[references.Workpiece, str], str | None] = {}
 
 
 def warm_parent(cell: Cell, limits: Limits, threads: int, trace: bool = True) -> str | None:
@@ -83,21 +93,21 @@ def warm_parent(cell: Cell, limits: Limits, threads: int, trace: bool = True) ->
     torch.set_num_threads(1)
     if trace:
         trail.warm_up()
-    key = (execute.workpiece(cell), cell.device)
+    key = (references.workpiece(cell), cell.device)
     if key not in _SHARED:
         _SHARED[key] = compute_shared(*key, limits, threads)
     return _SHARED[key]
 
 
 def compute_shared(
-    piece: execute.Workpiece, device: str, limits: Limits, threads: int
+    piece: references.Workpiece, device: str, limits: Limits, threads: int
 ) -> str | None:
     """The reference and baselines, computed with the cells' thread count: at model sizes
     float32 rounding depends on how a matmul is split over threads, so a baseline computed
     on one thread can be more exact than the same code on two (the tolerance derives from
     the baseline)."""
     forked = run_forked(
-        lambda: execute.shared_figures(piece, device),
+        lambda: references.shared_figures(piece, device),
         limits.timeout_s,
         threads,
         limits.memory_bytes,
@@ -106,7 +116,7 @@ def compute_shared(
     if forked.failure is not None:
         return forked.failure
     if forked.value is not None:
-        execute.remember_shared(piece, device, forked.value)
+        references.remember_shared(piece, device, forked.value)
     return None
 
 
@@ -136,7 +146,7 @@ def die_with_parent(parent: int) -> None:
 
 def describe_error(error: BaseException) -> str:
     """``Type: message``, even for an exception whose ``str()`` itself fails."""
-    message = execute.error_text(error)
+    message = errors.error_text(error)
     return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 
@@ -200,7 +210,7 @@ def run_cells_isolated(
             got = stream.next(limits_of(cell).timeout_s)
             if got.failure is None:
                 record = CellRecord.from_dict(got.value)
-                yield replace(record, note=execute.join_notes(settled, record.note))
+                yield replace(record, note=cell_record.join_notes(settled, record.note))
                 continue
             yield failed_cell(cell, got, worker)
             for rest in cells[n + 1 :]:
@@ -224,7 +234,7 @@ def batch_records(
             yield record
     except Exception as error:  # the harness failed around the cells: record why
         for cell in cells[done:]:
-            yield execute.harness_failure(cell, error, worker)
+            yield cell_record.harness_failure(cell, error, worker)
 
 
 def run_cells_in_child(
@@ -235,7 +245,7 @@ def run_cells_in_child(
 
 
 def shared_failed(cell: Cell, failure: str, worker: str) -> CellRecord:
-    return execute.limit_record(
+    return cell_record.limit_record(
         cell, Outcome.CRASHED, "ReferenceFailed", failure, worker, CrashKind.REFERENCE_FAILED
     )
 
@@ -244,8 +254,8 @@ def failed_cell(cell: Cell, forked: Forked, worker: str) -> CellRecord:
     """The record of a cell whose process gave no record: it overran, or died."""
     assert forked.failure is not None
     if forked.timed_out:
-        return execute.limit_record(cell, Outcome.TIMEOUT, "Timeout", forked.failure, worker)
-    return execute.limit_record(
+        return cell_record.limit_record(cell, Outcome.TIMEOUT, "Timeout", forked.failure, worker)
+    return cell_record.limit_record(
         cell, Outcome.CRASHED, "ProcessDied", forked.failure, worker, CrashKind.PROCESS_DIED
     )
 
@@ -366,7 +376,7 @@ def timed_columns(
             done += 1
             yield timed
     except Exception as error:  # keep each correctness record, say why timing failed
-        failure = f"{type(error).__name__}: {error}"[: execute.MAX_MESSAGE]
+        failure = f"{type(error).__name__}: {error}"[: errors.MAX_MESSAGE]
         for column in columns[done:]:
             yield [replace(r, timing_error=failure) for r in column]
 
@@ -375,7 +385,7 @@ def time_columns_in_child(
     columns: list[Column], config: TimingConfig, worker: str, send: Callable[[Any], None]
 ) -> None:
     for column in columns:
-        send([r.to_dict() for r in execute.time_column(column, config, worker)])
+        send([r.to_dict() for r in cell_timing.time_column(column, config, worker)])
 
 
 def time_column_isolated(
@@ -386,7 +396,7 @@ def time_column_isolated(
     settle_worker()
     perf.warm_up()
     forked = run_forked(
-        lambda: [r.to_dict() for r in execute.time_column(records, config, worker)],
+        lambda: [r.to_dict() for r in cell_timing.time_column(records, config, worker)],
         limits.timeout_s * len(records),
         threads,
         limits.memory_bytes,
@@ -397,7 +407,7 @@ def time_column_isolated(
         remember_peaks(timed)
         return timed
     if len(records) == 1:
-        failure = f"timing failed: {forked.failure}"[: execute.MAX_MESSAGE]
+        failure = f"timing failed: {forked.failure}"[: errors.MAX_MESSAGE]
         return [replace(records[0], timing_error=failure)]
     return [
         alone_note(time_column_isolated([r], config, worker, limits, threads)[0]) for r in records
@@ -406,7 +416,7 @@ def time_column_isolated(
 
 def alone_note(record: CellRecord) -> CellRecord:
     note = "timed alone: another fix of its column killed the shared timing process"
-    return replace(record, note=execute.join_notes(record.note, note))
+    return replace(record, note=cell_record.join_notes(record.note, note))
 
 
 def remember_peaks(records: list[CellRecord]) -> None:

@@ -1,0 +1,249 @@
+"""What every cell of a case at one size is judged against, computed once per process: the
+float64 reference, the trusted fix's error in a low-precision dtype (the baseline) and the
+rounding yardstick; and their serialisation, so a runner computes them in a forked child
+and keeps them in the worker that forks the cells (see ``harness.runner.isolation``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from harness.measure import registry
+from harness.measure.case import Case, RunContext, Workload
+from harness.measure.errors import (
+    MAX_MESSAGE,
+    ReferenceFailed,
+    WorkloadFailed,
+    error_text,
+)
+from harness.measure.fix_run import FixRun, context_for, prepared_workload, run_fix_checked
+from harness.measure.numerics import relative_error
+from harness.measure.precision import output_leaves, split_kept
+from harness.measure.rounding import noise_source, round_inputs, round_model
+from harness.schema.axes import CONTROL_DTYPE, Cell
+
+REFERENCE_BACKENDS = ("sdpa", "eager")
+
+Leaves = dict[str, torch.Tensor]
+
+#: What a reference and its yardsticks belong to: (case, size, backend), a case at one
+#: workload size with the backend its reference runs on (the case's reference backend, or
+#: the cell's own where the case's reference is per backend; see ``workpiece``).
+Workpiece = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A yardstick's error per leaf, or why it could not be computed."""
+
+    rel_errs: dict[str, float]
+    error: str | None = None
+
+
+# Computed once per process, or received from the forked child that computed them
+# (``remember_shared``).
+#: The float64 reference, as named leaves, by workpiece.
+_REFERENCES: dict[Workpiece, Leaves] = {}
+#: The trusted fix's error, computed on the cell's device, by (*workpiece, device, dtype).
+_BASELINES: dict[tuple[str, str, str, str, str], Baseline] = {}
+#: The rounding yardstick, by (*workpiece, dtype or ``tf32``, parts kept in float32).
+_ROUNDINGS: dict[tuple[str, str, str, str, tuple[str, ...]], Baseline] = {}
+
+
+def reference_backend(case: Case) -> str:
+    """The backend a case's reference and baselines run on (unless its reference is per
+    backend, see ``workpiece``): SDPA where the case has it, else eager, else its first."""
+    return next((b for b in REFERENCE_BACKENDS if b in case.backends), case.backends[0])
+
+
+def plain_cell(case: Case, dtype: str, size: str, device: str = "cpu", backend: str = "") -> Cell:
+    """The reference fix run plainly (mode ``half``) at ``size``: in float64 on the CPU it
+    is the reference, in a cell's dtype on the cell's device the baseline."""
+    backend = backend or reference_backend(case)
+    return Cell(case.name, case.reference_fix, device, dtype, "half", backend, size=size)
+
+
+def workpiece(cell: Cell) -> Workpiece:
+    """The reference a cell is judged against: its case's at its size, on the case's
+    reference backend, or on the cell's own where the case builds a different model per
+    backend (a model of yours whose factory reads ``ctx.backend``)."""
+    case = registry.get(cell.case)
+    backend = cell.backend if case.reference_per_backend else reference_backend(case)
+    return cell.case, cell.size, backend
+
+
+def reference_leaves(piece: Workpiece) -> Leaves:
+    """The case's reference fix in float64 on the CPU, as named float64 leaves."""
+    if piece not in _REFERENCES:
+        _REFERENCES[piece] = compute_reference(piece)
+    return _REFERENCES[piece]
+
+
+def compute_reference(piece: Workpiece) -> Leaves:
+    case_name, size, backend = piece
+    case = registry.get(case_name)
+    ctx = context_for(case, plain_cell(case, "float64", size, backend=backend))
+    try:
+        run = run_fix_checked(case, case.reference_fix, ctx, trace=False)
+    except WorkloadFailed as failure:
+        raise ReferenceFailed(failure.error) from failure
+    if run.error is not None:
+        raise ReferenceFailed(run.error)
+    return float64_leaves(run.output)
+
+
+def float64_leaves(output: Any) -> Leaves:
+    return {
+        name: t.detach().to(device="cpu", dtype=torch.float64)
+        for name, t in output_leaves(output).items()
+    }
+
+
+def baseline(piece: Workpiece, device: str, dtype: str) -> Baseline:
+    """Error of the trusted fix computed plainly in ``dtype`` on ``device`` (reference fix,
+    mode half): on the cell's own device, as PyTorch's SDPA tests compute their
+    low-precision reference, since a GPU sums in another order than a CPU (at model sizes a
+    float32 control on a GPU differs from the CPU's float32 by more than 3x the CPU's
+    error)."""
+    key = (*piece, device, dtype)
+    if key not in _BASELINES:
+        _BASELINES[key] = compute_baseline(piece, device, dtype)
+    return _BASELINES[key]
+
+
+def compute_baseline(piece: Workpiece, device: str, dtype: str) -> Baseline:
+    case_name, size, backend = piece
+    case = registry.get(case_name)
+    ctx = context_for(case, plain_cell(case, dtype, size, device, backend))
+    try:
+        run = run_fix_checked(case, case.reference_fix, ctx, trace=False)
+    except WorkloadFailed as failure:
+        run = FixRun(error=failure.error)
+    return errors_against_reference(run, piece)
+
+
+def errors_against_reference(run: FixRun, piece: Workpiece) -> Baseline:
+    """A yardstick run's error per leaf against the reference, or why there is none."""
+    if run.error is not None:
+        return Baseline({}, f"{type(run.error).__name__}: {error_text(run.error)}"[:MAX_MESSAGE])
+    reference = reference_leaves(piece)
+    leaves = output_leaves(run.output)
+    problem = structure_problem(leaves, reference)
+    if problem:
+        return Baseline({}, problem)
+    return Baseline({leaf: relative_error(t, reference[leaf])[1] for leaf, t in leaves.items()})
+
+
+def structure_problem(leaves: Leaves, reference: Leaves) -> str | None:
+    """Why an output cannot be compared with the reference leaf by leaf, or None."""
+    if leaves.keys() != reference.keys():
+        return f"output leaves {sorted(leaves)} != reference leaves {sorted(reference)}"
+    for name, t in leaves.items():
+        if t.shape != reference[name].shape:
+            return (
+                f"output {name} has shape {tuple(t.shape)}, the reference "
+                f"{tuple(reference[name].shape)}"
+            )
+    return None
+
+
+def rounding(piece: Workpiece, dtype: str, keep: tuple[str, ...]) -> Baseline:
+    """The rounding yardstick: the reference computation on the weights and inputs rounded
+    to ``dtype`` (what ``keep`` names left float32), in float64 on the CPU (see
+    :mod:`harness.measure.rounding`)."""
+    key = (*piece, dtype, keep)
+    if key not in _ROUNDINGS:
+        _ROUNDINGS[key] = compute_rounding(piece, dtype, keep)
+    return _ROUNDINGS[key]
+
+
+def compute_rounding(piece: Workpiece, dtype: str, keep: tuple[str, ...]) -> Baseline:
+    case_name, size, backend = piece
+    case = registry.get(case_name)
+    ctx = context_for(case, plain_cell(case, "float64", size, backend=backend))
+    try:
+        run = run_fix_checked(
+            case,
+            case.reference_fix,
+            ctx,
+            trace=False,
+            workload=rounded_workload(case, ctx, dtype, keep),
+        )
+    except WorkloadFailed as failure:
+        run = FixRun(error=failure.error)
+    return errors_against_reference(run, piece)
+
+
+def rounded_workload(case: Case, ctx: RunContext, dtype: str, keep: tuple[str, ...]) -> Workload:
+    """The reference's float64 workload with its values rounded to ``dtype``."""
+    workload = prepared_workload(case, ctx, keep)
+    model_keep, input_keep = split_kept(keep, workload.inputs)
+    noise = noise_source()
+    try:
+        return Workload(
+            model=round_model(workload.model, dtype, model_keep, noise),
+            inputs=round_inputs(workload.inputs, dtype, input_keep, noise),
+        )
+    except Exception as error:
+        raise WorkloadFailed(error) from error
+
+
+def rounding_dtypes(case: Case, device: str) -> tuple[str, ...]:
+    """The dtypes a case's rounding yardsticks are computed for on ``device``: its own, the
+    float32 control's, and TF32 on a GPU (which may compute float32 matmuls in it)."""
+    extra = ("tf32",) if torch.device(device).type == "cuda" else ()
+    return tuple(dict.fromkeys((*case.dtypes, CONTROL_DTYPE, *extra)))
+
+
+def kept_sets(case: Case) -> tuple[tuple[str, ...], ...]:
+    """Every distinct set of parts a fix of the case keeps in float32."""
+    return tuple(dict.fromkeys(case.kept_by(fix) for fix in case.fixes))
+
+
+def shared_figures(piece: Workpiece, device: str) -> bytes | None:
+    """The case's reference at one size, the trusted fix's error on ``device`` in each of its
+    dtypes and the rounding yardsticks, serialised for the process that forked this one;
+    None when the reference fix raised (each cell then records why)."""
+    case = registry.get(piece[0])
+    try:
+        reference = reference_leaves(piece)
+        dtypes = dict.fromkeys((*case.dtypes, CONTROL_DTYPE))  # the fp32 control's too
+        baselines = {dtype: baseline(piece, device, dtype) for dtype in dtypes}
+        roundings = [
+            (dtype, keep, rounding(piece, dtype, keep))
+            for dtype in rounding_dtypes(case, device)
+            for keep in kept_sets(case)
+        ]
+    except Exception:
+        return None
+    buffer = io.BytesIO()
+    torch.save(
+        {
+            "reference": reference,
+            "baselines": {d: dataclasses.asdict(b) for d, b in baselines.items()},
+            "roundings": [(d, list(k), dataclasses.asdict(b)) for d, k, b in roundings],
+        },
+        buffer,
+    )
+    return buffer.getvalue()
+
+
+def remember_shared(piece: Workpiece, device: str, data: bytes) -> None:
+    """Keep what ``shared_figures`` computed in another process."""
+    loaded = torch.load(io.BytesIO(data), weights_only=True)
+    _REFERENCES[piece] = loaded["reference"]
+    for dtype, figures in loaded["baselines"].items():
+        _BASELINES[(*piece, device, dtype)] = Baseline(**figures)
+    for dtype, keep, figures in loaded["roundings"]:
+        _ROUNDINGS[(*piece, dtype, tuple(keep))] = Baseline(**figures)
+
+
+def forget_shared() -> None:
+    _REFERENCES.clear()
+    _BASELINES.clear()
+    _ROUNDINGS.clear()
