@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from harness.measure import execute, references, registry  # noqa: E402
+from harness.measure import caches, execute, registry  # noqa: E402
 from harness.measure.model_case import Matrix, case_name, model_case  # noqa: E402
 from harness.measure.numerics import ROUNDING_FACTOR, rounding_ratio  # noqa: E402
 from harness.plugin import MARK  # noqa: E402
@@ -129,7 +129,7 @@ def run_model(model: Model) -> list[Row]:
     case = model_case(f"calibrate-{model.name}", model.factory, model.matrix, __file__)
     plan = expand([case])
     rows = [Row(model, execute.run_cell(cell)) for cell in plan.to_run]
-    references.forget_shared()
+    caches.reset()
     registry._REGISTRY.pop(case.name, None)
     return rows
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.measure import references, registry
+from harness.measure import caches, registry
 
 pytest_plugins = ["pytester"]
 
@@ -72,19 +72,26 @@ def only_run_dir(root: Path) -> Path:
 
 
 @pytest.fixture
-def clean_registry() -> Iterator[None]:
+def fresh_caches() -> Iterator[None]:
+    """Every process-global cache empty for the test, and emptied again after it: what a
+    test computed (from its own cases, or under a monkeypatch) reaches no test after it."""
+    caches.reset()
+    yield
+    caches.reset()
+
+
+@pytest.fixture
+def clean_registry(fresh_caches: None) -> Iterator[None]:
     """An empty registry, restored (with sys.modules) after the test."""
     saved = dict(registry._REGISTRY)
     saved_modules = set(sys.modules)
     registry.clear()
-    references.forget_shared()
     yield
     registry.clear()
     registry._REGISTRY.update(saved)
     for name in set(sys.modules) - saved_modules:
         if name.startswith(("cases.", "ampmatrix_external_")):
             del sys.modules[name]
-    references.forget_shared()
 
 
 @pytest.fixture

@@ -7,13 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.measure import peaks, perf
+from harness.measure import caches, peaks, perf
 
 
 @pytest.fixture(autouse=True)
-def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_caches: None) -> Path:
     monkeypatch.setenv("AMPMATRIX_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(perf, "KNOWN_PEAKS", {})
     return tmp_path
 
 
@@ -45,7 +44,7 @@ def test_the_worker_measures_once_then_reads_the_cache(monkeypatch: pytest.Monke
     monkeypatch.setattr(perf, "measure_peak_gflops", fake_measure)
     gflops, when = perf.peak_matmul_gflops("cpu", "bfloat16")
     assert (gflops, measured) == (42.0, ["bfloat16"])
-    monkeypatch.setattr(perf, "KNOWN_PEAKS", {})  # a new process of the same machine
+    caches.reset()  # a new process of the same machine
     assert perf.peak_matmul_gflops("cpu", "bfloat16") == (42.0, when)
     assert measured == ["bfloat16"]
     datetime.fromisoformat(when)  # recorded with its date

@@ -11,7 +11,7 @@ import torch
 from torch._C._autograd import DeviceType
 from torch.utils.flop_counter import FlopCounterMode
 
-from harness.measure import perf
+from harness.measure import caches, perf
 from harness.measure.timing import Timing
 from harness.results.speed import (
     interquartile_range,
@@ -159,7 +159,7 @@ def test_medians_within_the_tie_ratio_are_ties_even_without_overlap() -> None:
 
 
 def test_the_profiler_is_not_warmed_where_a_gpu_is_visible(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, fresh_caches: None
 ) -> None:
     """Starting the profiler initialises the CUDA driver: a timing worker that did it could
     not fork a single column that uses CUDA (seen on an H100)."""
@@ -172,21 +172,20 @@ def test_the_profiler_is_not_warmed_where_a_gpu_is_visible(
     monkeypatch.setattr(perf, "peak_memory_cpu", profiled)
     monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    perf.warm_up.cache_clear()
     perf.warm_up()
     assert started == []
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
-    perf.warm_up.cache_clear()
+    caches.reset()
     perf.warm_up()
     assert len(started) == 1
-    perf.warm_up.cache_clear()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_a_timing_worker_still_forks_children_that_use_cuda() -> None:
     script = (
         "import torch\n"
-        "from harness import perf, isolation, torch_state, trail\n"
+        "from harness.measure import perf, torch_state, trail\n"
+        "from harness.runner import isolation\n"
         "perf.warm_up(); trail.warm_up(); torch_state.snapshot()\n"
         "forked = isolation.run_forked(\n"
         "    lambda: torch.ones(2, device='cuda').sum().item(), timeout_s=120, threads=1)\n"

@@ -10,13 +10,12 @@ import shutil
 import subprocess
 import sys
 from datetime import datetime, timezone
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from harness.measure import flash_kernels
+from harness.measure import caches, flash_kernels
 from harness.results.search import release_key
 from harness.schema.axes import Cell
 
@@ -40,7 +39,7 @@ def cuda_devices() -> list[str]:
     return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
 
 
-@cache
+@caches.cache
 def module_available(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None

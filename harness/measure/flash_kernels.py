@@ -26,10 +26,11 @@ from __future__ import annotations
 import importlib.metadata
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 import torch
+
+from harness.measure import caches
 
 FLASH_ATTN_2 = "flash-attn"
 FLASH_ATTN_4 = "flash-attn-4"
@@ -63,7 +64,7 @@ class FlashPackage:
         return f"{self.dist} {self.version} ({self.module})"
 
 
-@cache
+@caches.cache
 def installed_version(dist: str) -> str | None:
     """The installed version of a distribution, read from its metadata (importing
     flash-attn 4 takes seconds; its metadata does not), once per process: every

@@ -15,14 +15,13 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from functools import lru_cache
 from typing import Any
 
 import torch
 from torch._C._autograd import DeviceType
 from torch.utils.flop_counter import FlopCounterMode
 
-from harness.measure import peaks
+from harness.measure import caches, peaks
 from harness.measure.environment import cpu_name
 from harness.measure.precision import dtype_of
 from harness.measure.timing import Timing, measure, stopwatch_for
@@ -76,7 +75,7 @@ def peak_memory_cpu(fn: Callable[[], Any]) -> int:
     return running_peak(nbytes for _, nbytes in events)
 
 
-@lru_cache(maxsize=1)
+@caches.cache
 def warm_up() -> None:
     """The profiler's first use in a process costs seconds (3.4 s measured here): done once
     in a timing worker, before it forks a process per column, instead of in every one. No
@@ -132,7 +131,7 @@ def peak_memory(fn: Callable[[], Any], device: torch.device) -> tuple[int, str]:
 
 #: Peaks known to this worker (from the cache, or measured by an earlier timing process),
 #: by (device, dtype): the GFLOP/s and when they were measured.
-KNOWN_PEAKS: dict[tuple[str, str], tuple[float, str]] = {}
+KNOWN_PEAKS: dict[tuple[str, str], tuple[float, str]] = caches.keyed(f"{__name__}.KNOWN_PEAKS")
 
 
 def remember_peak(device: str, dtype: str, gflops: float, measured_at: str) -> None:

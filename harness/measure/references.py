@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from harness.measure import registry
+from harness.measure import caches, registry
 from harness.measure.case import Case, RunContext, Workload
 from harness.measure.errors import (
     MAX_MESSAGE,
@@ -48,11 +48,13 @@ class Baseline:
 # Computed once per process, or received from the forked child that computed them
 # (``remember_shared``).
 #: The float64 reference, as named leaves, by workpiece.
-_REFERENCES: dict[Workpiece, Leaves] = {}
+_REFERENCES: dict[Workpiece, Leaves] = caches.keyed(f"{__name__}._REFERENCES")
 #: The trusted fix's error, computed on the cell's device, by (*workpiece, device, dtype).
-_BASELINES: dict[tuple[str, str, str, str, str], Baseline] = {}
+_BASELINES: dict[tuple[str, str, str, str, str], Baseline] = caches.keyed(f"{__name__}._BASELINES")
 #: The rounding yardstick, by (*workpiece, dtype or ``tf32``, parts kept in float32).
-_ROUNDINGS: dict[tuple[str, str, str, str, tuple[str, ...]], Baseline] = {}
+_ROUNDINGS: dict[tuple[str, str, str, str, tuple[str, ...]], Baseline] = caches.keyed(
+    f"{__name__}._ROUNDINGS"
+)
 
 
 def reference_backend(case: Case) -> str:
@@ -241,9 +243,3 @@ def remember_shared(piece: Workpiece, device: str, data: bytes) -> None:
         _BASELINES[(*piece, device, dtype)] = Baseline(**figures)
     for dtype, keep, figures in loaded["roundings"]:
         _ROUNDINGS[(*piece, dtype, tuple(keep))] = Baseline(**figures)
-
-
-def forget_shared() -> None:
-    _REFERENCES.clear()
-    _BASELINES.clear()
-    _ROUNDINGS.clear()

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from harness.measure import caches
+
 AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
@@ -123,14 +125,10 @@ def known_settings() -> list[Setting]:
     return settings
 
 
-_SETTINGS: list[Setting] | None = None
-
-
+@caches.cache
 def settings() -> list[Setting]:
-    global _SETTINGS
-    if _SETTINGS is None:
-        _SETTINGS = [s for s in known_settings() if _readable(s)]
-    return _SETTINGS
+    """The settings this build of torch can read (a getter may need CUDA support built in)."""
+    return [s for s in known_settings() if _readable(s)]
 
 
 def _readable(setting: Setting) -> bool:

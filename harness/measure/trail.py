@@ -26,7 +26,6 @@ import sysconfig
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import cache, lru_cache
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
@@ -34,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from harness.measure import caches
 from harness.measure.dispatch_mode import LazyDynamoMode
 from harness.measure.observe import ACTIVE, CoreObservation
 from harness.measure.precision import (
@@ -200,19 +200,19 @@ def floating_tensors(tree: Any) -> list[torch.Tensor]:
     return found
 
 
-@cache
+@caches.cache
 def op_name(func: Any) -> str:
     """``aten::mm``; cached per op (the tracer asks for every op a cell runs)."""
     schema = getattr(func, "_schema", None)
     return str(schema.name) if schema is not None else str(func)
 
 
-@cache
+@caches.cache
 def short_name(func: Any) -> str:
     return op_name(func).split("::")[-1]
 
 
-@cache
+@caches.cache
 def kernel_kind(func: Any) -> str | None:
     name = short_name(func)
     if any(marker in name for marker in ATTENTION_MARKERS):
@@ -677,7 +677,7 @@ def tracing(tracer: DtypeTracer) -> Iterator[DtypeTracer]:
         ACTIVE.remove(tracer)
 
 
-@lru_cache(maxsize=1)
+@caches.cache
 def warm_up() -> None:
     """Trace one op once, so the first use's one-time work (the profile hook, the tracer's
     own imports and caches) is done in the worker before it forks its cells, not inside a
@@ -742,7 +742,7 @@ def call_at(
     return ast.unparse(call.func), floats
 
 
-@lru_cache(maxsize=64)
+@caches.lru_cache(maxsize=64)
 def calls_in(filename: str) -> tuple[ast.Call, ...]:
     try:
         tree = ast.parse("".join(linecache.getlines(filename)))

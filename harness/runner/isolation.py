@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from harness.measure import (
+    caches,
     cell_record,
     cell_timing,
     errors,
@@ -80,7 +81,7 @@ def settle_worker() -> str | None:
 
 #: (workpiece, device) -> why the process computing its reference and baselines gave no
 #: result, or None once they are known (or raised, which each cell then records).
-_SHARED: dict[tuple[references.Workpiece, str], str | None] = {}
+_SHARED: dict[tuple[references.Workpiece, str], str | None] = caches.keyed(f"{__name__}._SHARED")
 
 
 def warm_parent(cell: Cell, limits: Limits, threads: int, trace: bool = True) -> str | None:

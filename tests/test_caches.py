@@ -1,0 +1,117 @@
+"""Every process-global cache of the measuring and running layers is registered in
+``harness.measure.caches``, and its one ``reset`` empties each of them."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pkgutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from harness.measure import caches
+from tests.conftest import ROOT
+
+#: The layers whose modules keep process-global caches.
+CACHING_PACKAGES = ("harness.measure", "harness.runner")
+
+
+def import_caching_modules() -> None:
+    """Every module of those layers imported, so each of their caches is registered."""
+    for package in CACHING_PACKAGES:
+        path = importlib.import_module(package).__path__
+        for module in pkgutil.iter_modules(path, f"{package}."):
+            importlib.import_module(module.name)
+
+
+def function_fillers() -> dict[str, Callable[[], Any]]:
+    """A call that puts an entry in each cached function's cache."""
+    from harness.measure import environment, flash_kernels, perf, torch_state, trail
+
+    mm = torch.ops.aten.mm.default
+    fillers: dict[Callable[..., Any], Callable[[], Any]] = {
+        torch_state.settings: torch_state.settings,
+        flash_kernels.installed_version: lambda: flash_kernels.installed_version("flash-attn"),
+        trail.op_name: lambda: trail.op_name(mm),
+        trail.short_name: lambda: trail.short_name(mm),
+        trail.kernel_kind: lambda: trail.kernel_kind(mm),
+        trail.warm_up: trail.warm_up,
+        trail.calls_in: lambda: trail.calls_in(__file__),
+        environment.module_available: lambda: environment.module_available("json"),
+        perf.warm_up: perf.warm_up,
+    }
+    return {f"{func.__module__}.{func.__qualname__}": call for func, call in fillers.items()}
+
+
+def fill(name: str, found: caches.Cache, fillers: dict[str, Callable[[], Any]]) -> None:
+    if isinstance(found, dict):
+        found[object()] = None
+        return
+    assert name in fillers, f"no filler for the registered cache {name}: add one above"
+    fillers[name]()
+
+
+def test_the_reset_empties_every_registered_cache(
+    monkeypatch: pytest.MonkeyPatch, fresh_caches: None
+) -> None:
+    from harness.measure import perf
+
+    monkeypatch.setattr(perf, "peak_memory_cpu", lambda fn: 0)  # no profiler start
+    import_caching_modules()
+    fillers = function_fillers()
+    for name, registered in caches.registered().items():
+        for found in registered:
+            fill(name, found, fillers)
+    sizes = caches.sizes()
+    assert [name for name, size in sizes.items() if size == 0] == []
+    assert {"harness.measure.references._REFERENCES", "harness.runner.isolation._SHARED"} <= set(
+        sizes
+    )
+    caches.reset()
+    assert {name: size for name, size in caches.sizes().items() if size} == {}
+
+
+def test_a_module_run_again_keeps_both_caches_in_the_reset(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Code that imported from the first run of a module still uses its cache."""
+    monkeypatch.setattr(caches, "_CACHES", {})
+    first, second = caches.keyed("module.CACHE"), caches.keyed("module.CACHE")
+    first["a"] = second["b"] = 1
+    assert caches.sizes() == {"module.CACHE": 2}
+    caches.reset()
+    assert (first, second) == ({}, {})
+
+
+def functools_caches(path: Path) -> list[str]:
+    """Where a module caches through functools directly, bypassing the registry."""
+    tree = ast.parse(path.read_text())
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "functools":
+            names = {alias.name for alias in node.names} & {"cache", "lru_cache"}
+            found += [f"{path.name}:{node.lineno} imports functools.{n}" for n in sorted(names)]
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in ("cache", "lru_cache")
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "functools"
+        ):
+            found.append(f"{path.name}:{node.lineno} uses functools.{node.attr}")
+    return found
+
+
+def test_no_cache_of_the_measuring_or_running_layers_escapes_the_registry() -> None:
+    caching_dirs = [ROOT / "harness" / name for name in ("measure", "runner")]
+    unregistered = [
+        where
+        for folder in caching_dirs
+        for path in sorted(folder.glob("*.py"))
+        if path.name != "caches.py"
+        for where in functools_caches(path)
+    ]
+    assert unregistered == []
