@@ -194,8 +194,9 @@ class Case:
     #: A failure pattern reproduces a known failure, which it must declare (``failure``); a
     #: model you check (``harness.measure.model_case``) has none: its errors are just errors.
     has_known_failure: ClassVar[bool] = True
-    #: A fix that is correct in any dtype: run in float64 it is the reference, run in the
-    #: cell's dtype (mode ``half``, on the CPU) it is the plain low-precision baseline.
+    #: A fix that is correct in any dtype: run in float64 on the CPU it is the reference, run
+    #: in the cell's dtype on the cell's device (mode ``half``) it is the plain low-precision
+    #: baseline.
     reference_fix: ClassVar[str] = ""
     devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
     dtypes: ClassVar[tuple[str, ...]] = LOW_PRECISION_DTYPES
