@@ -95,7 +95,8 @@ def timing_phase_share(run_dirs: Sequence[Path]) -> None:
     """What each timed run's timing phase spent inside measured calls (its env.json)."""
     shares = []
     for run_dir in run_dirs:
-        phase = storage.read_env(run_dir)["timing_phase"]
+        phase = storage.read_env(run_dir).timing_phase
+        assert phase, f"{run_dir}: its env.json has no timing phase"
         shares.append(phase["measured_s"] / phase["wall_s"])
         print(
             f"   timing phase of {run_dir.name}: {phase['cells']} cells, {phase['wall_s']:.1f} s,"

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from harness.report.aggregate import load_runs, load_runs_for_report
@@ -45,7 +46,7 @@ SMALL_SOURCE = ROOT / "tests" / "data" / "runs" / "torch-2.13.0"
 def synthetic_run(source: Path, folder: Path, version: str, host: str) -> int:
     """A copy of ``source`` as if measured with torch ``version`` on ``host``."""
     folder.mkdir(parents=True)
-    env = storage.read_env(source) | {"torch_version": version, "hostname": host}
+    env = replace(storage.read_env(source), torch_version=version, hostname=host)
     storage.write_env(folder, env)
     (folder / storage.CASES_FILE).write_text((source / storage.CASES_FILE).read_text())
     records = [

@@ -207,8 +207,6 @@ def failure_message(record: CellRecord) -> str:
 def keep_record(run_dir: Path, record: CellRecord) -> None:
     """Append the record to the run folder, with the environment and the case's metadata
     (written by the first process that needs them; several pytest-xdist workers share it)."""
-    import json
-
     from harness.measure import registry
     from harness.measure.environment import capture_environment
     from harness.results import storage
@@ -217,9 +215,8 @@ def keep_record(run_dir: Path, record: CellRecord) -> None:
     with storage.metadata_lock(run_dir):
         if not (run_dir / storage.ENV_FILE).exists():
             storage.write_env(run_dir, capture_environment(_COMMAND))
-        cases_path = run_dir / storage.CASES_FILE
-        cases = json.loads(cases_path.read_text()) if cases_path.exists() else []
-        if record.cell.case not in {c.get("name") for c in cases}:
-            cases.append(registry.get(record.cell.case).metadata())
-            storage.write_json_atomic(cases_path, cases)
+        cases = storage.read_cases(run_dir)
+        if record.cell.case not in cases:
+            case = registry.get(record.cell.case).metadata()
+            storage.write_cases(run_dir, [*cases.values(), case])
     storage.append_record(run_dir, record)

@@ -37,8 +37,9 @@ def test_run_toy_case_end_to_end(tmp_path: Path) -> None:
     assert by_fix["none", "float32", "cpu"].outcome is Outcome.PASSES
     ran = [r for r in results.records if r.outcome is not Outcome.SKIPPED]
     assert len(ran) == 11 and {r.worker for r in ran} <= {"gw0", "gw1"}
-    assert results.env["torch_version"] and results.env["command"][1] == "run"
-    assert results.env["finished_at"] is not None
+    env = results.env
+    assert env.torch_version and env.command and env.command[1] == "run"
+    assert env.finished_at is not None
     assert "raises:repro" in result.stdout and "raises:OTHER" in result.stdout
     assert str(run_dir / "cells.jsonl") in result.stdout
 
@@ -75,11 +76,11 @@ def test_cells_that_ran_are_timed_serially_on_the_cpu(tmp_path: Path) -> None:
     assert len(lines) == len(records) + len(timed)
     # one device: the CPU is timed serially, from the run's own process (no worker)
     assert {r.perf.timing_worker for r in timed if r.perf} == {"main"}
-    phase = storage.read_env(run_dir)["timing_phase"]
-    assert phase["cells"] == len(timed) and 0 < phase["measured_s"] < phase["wall_s"]
-    assert f"ampmatrix: timed {len(timed)} cells in" in result.stdout
     env = storage.read_env(run_dir)
-    assert set(env["peak_gflops"]["cpu"]) == {"float16", "bfloat16", "float32"}
+    phase = env.timing_phase
+    assert phase and phase["cells"] == len(timed) and 0 < phase["measured_s"] < phase["wall_s"]
+    assert f"ampmatrix: timed {len(timed)} cells in" in result.stdout
+    assert env.peak_gflops and set(env.peak_gflops["cpu"]) == {"float16", "bfloat16", "float32"}
     assert "time per call" in result.stdout
 
 

@@ -9,6 +9,7 @@ explore further than the default."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -30,6 +31,7 @@ from harness.results.versions import render_bisect
 from harness.runner.run import missing_cells, saved_state
 from harness.schema.config import RunConfig
 from harness.schema.records import CellRecord
+from harness.schema.run_files import RunPlan
 from harness.schema.selection import SelectionError
 from tests.conftest import ROOT
 
@@ -50,12 +52,11 @@ def base_run(folder: Path, records: int = 8) -> Path:
     folder.mkdir()
     lines = (SOURCE / storage.CELLS_FILE).read_text().splitlines()[:records]
     (folder / storage.CELLS_FILE).write_text("\n".join(lines) + "\n")
-    env = json.loads((SOURCE / storage.ENV_FILE).read_text())
-    storage.write_env(folder, {**env, "torch_version": torch.__version__})
-    shutil.copy(SOURCE / storage.CASES_FILE, folder / storage.CASES_FILE)
-    cells = [CellRecord.from_dict(json.loads(line)).cell.to_dict() for line in lines]
-    plan = {"config": RunConfig().to_dict(), "cells": cells, "skipped": []}
-    storage.write_json_atomic(folder / storage.RUN_PLAN_FILE, plan)
+    env = storage.read_env(SOURCE)
+    storage.write_env(folder, dataclasses.replace(env, torch_version=torch.__version__))
+    storage.write_cases(folder, list(storage.read_cases(SOURCE).values()))
+    cells = tuple(CellRecord.from_dict(json.loads(line)).cell for line in lines)
+    storage.write_run_plan(folder, RunPlan(RunConfig(), cells))
     return folder
 
 

@@ -23,6 +23,7 @@ from harness.report.render import render_report, write_report
 from harness.results import storage
 from harness.results.computed_in import ComputedIn
 from harness.schema.records import Flag
+from harness.schema.run_files import Environment
 from harness.schema.trail_records import Promotion, Site, Trail
 from tests.conftest import harness
 
@@ -227,7 +228,7 @@ def test_report_of_runs_without_timing(tmp_path: Path) -> None:
 def test_empty_run_is_reported_not_fatal(tmp_path: Path) -> None:
     run = tmp_path / "empty"
     run.mkdir()
-    storage.write_env(run, {"torch_version": "2.13.0"})
+    storage.write_env(run, Environment(torch_version="2.13.0"))
     loaded = aggregate.load_run(run)
     assert loaded.problems == [f"{run / storage.CELLS_FILE}: no records (an empty run)"]
     assert "No cell ran" in render_report([loaded])

@@ -150,9 +150,9 @@ def test_a_run_killed_at_a_random_moment_resumes_to_the_same_results(
         timed = {r.cell.id for r in expected if r.perf}
         assert {r.cell.id for r in got if r.perf} == timed
     env = storage.read_env(run_dir)
-    assert env["finished_at"]
+    assert env.finished_at
     # a kill that came after the run ended leaves nothing to resume, and nothing rewritten
-    assert env.get("resumed") or "is complete: nothing left" in resumed.stdout
+    assert env.resumed or "is complete: nothing left" in resumed.stdout
 
 
 def test_resume_refuses_selection_flags_and_runs_without_a_plan(tmp_path: Path) -> None:

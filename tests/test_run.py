@@ -19,6 +19,7 @@ from harness.runner.cell_items import Controller
 from harness.schema.axes import Cell
 from harness.schema.config import RunConfig
 from harness.schema.records import CellRecord, Outcome
+from harness.schema.run_files import RunPlan
 
 
 def ran(fix: str, device: str, dtype: str = "float16") -> CellRecord:
@@ -178,7 +179,7 @@ def test_the_run_config_round_trips_and_reads_older_run_plans(tmp_path: Path) ->
     assert RunConfig.from_dict(config.to_dict()) == config
     assert RunConfig.from_dict(RunConfig(timing=None).to_dict()).timing is None
     older = {"cases_dirs": [str(tmp_path)], "limits": {"timeout_s": 5.0}, "timing": None}
-    legacy = RunConfig.of_run_plan({**older, "cells": []})
+    legacy = RunPlan.from_dict({**older, "cells": [], "skipped": []}).config
     assert (legacy.cases_dirs, legacy.limits.timeout_s, legacy.timing) == ((tmp_path,), 5.0, None)
 
 

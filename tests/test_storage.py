@@ -10,6 +10,7 @@ import pytest
 from harness.results import storage
 from harness.schema.axes import Cell
 from harness.schema.records import SCHEMA_VERSION, CellRecord, CrashKind, Flag, Numerics, Outcome
+from harness.schema.run_files import Environment
 from harness.schema.trail_records import Promotion, Site, Trail
 
 CELL = Cell("case-a", "none", "cpu", "float16", "half", "sdpa")
@@ -98,11 +99,11 @@ def test_record_has_the_documented_flat_fields() -> None:
 
 def test_run_directory_round_trip(tmp_path: Path) -> None:
     run_dir = storage.create_run_dir(tmp_path, "run")
-    storage.write_env(run_dir, {"torch_version": "2.13.0"})
+    storage.write_env(run_dir, Environment(torch_version="2.13.0"))
     for record in RECORDS:
         storage.append_record(run_dir, record)
     results = storage.read_run(run_dir)
-    assert results.env == {"torch_version": "2.13.0"}
+    assert results.env == Environment(torch_version="2.13.0")
     assert results.records == RECORDS
 
 

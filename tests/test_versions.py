@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 from harness.report.compare import pair_runs
@@ -66,7 +67,7 @@ def test_results_folders_pair_up_by_environment_and_name_every_run_left_out(
     other_host = head / "20260104T000000-torch-2.13.0"
     shutil.copytree(DATA / "torch-2.13.0", other_host)
     env = storage.read_env(other_host)
-    storage.write_env(other_host, {**env, "hostname": "gpu-box-2", "gpus": [{"name": "H100"}]})
+    storage.write_env(other_host, replace(env, hostname="gpu-box-2", gpus=[{"name": "H100"}]))
     pairing = pair_runs(base, head)
     assert [(b.name, h.name) for b, h in pairing.pairs] == [
         ("20260101T000000-torch-2.13.0", "20260103T000000-torch-2.13.0"),
@@ -80,4 +81,4 @@ def test_results_folders_pair_up_by_environment_and_name_every_run_left_out(
     assert len(pairing.left_out) == 2
     one = base / "20260101T000000-torch-2.4.1"
     assert pair_runs(one, one).pairs == [(one, one)]
-    assert storage.read_env(one)["torch_version"].startswith("2.4.1")
+    assert str(storage.read_env(one).torch_version).startswith("2.4.1")

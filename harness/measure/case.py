@@ -30,6 +30,7 @@ import torch
 from harness.measure.observe import CoreObservation, record_core_dtypes
 from harness.measure.precision import Precision
 from harness.schema.axes import CONTROL_MODE, EAGER, LOW_PRECISION_DTYPES, SMALL_SIZE, Cell
+from harness.schema.run_files import CaseInfo
 
 
 @dataclass(frozen=True)
@@ -272,23 +273,23 @@ class Case:
                     found[marked.name] = marked
         return found
 
-    def metadata(self) -> dict[str, Any]:
+    def metadata(self) -> CaseInfo:
         """What a report shows about the case, stored with each run (``cases.json``)."""
-        return {
-            "name": self.name,
-            "title": self.title,
-            "upstream": dataclasses.asdict(self.upstream) if self.upstream else None,
-            "failure": dataclasses.asdict(self.failure) if self.failure else None,
-            "failure_variants": [dataclasses.asdict(f) for f in self.failure_variants],
-            "source_file": self.source_file,
-            "keep_fp32": list(self.keep_fp32),
-            "manages_precision": self.manages_precision,
-            "sizes": {size.name: size_metadata(size) for size in self.sizes},
-            "fixes": [
+        return CaseInfo(
+            name=self.name,
+            title=self.title,
+            upstream=dataclasses.asdict(self.upstream) if self.upstream else None,
+            failure=dataclasses.asdict(self.failure) if self.failure else None,
+            failure_variants=[dataclasses.asdict(f) for f in self.failure_variants],
+            source_file=self.source_file,
+            keep_fp32=list(self.keep_fp32),
+            manages_precision=self.manages_precision,
+            sizes={size.name: size_metadata(size) for size in self.sizes},
+            fixes=[
                 {"name": f.name, "rationale": f.rationale, "upstream": f.upstream}
                 for f in self.fixes.values()
             ],
-        }
+        )
 
 
 def size_metadata(size: Size) -> dict[str, Any]:

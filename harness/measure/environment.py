@@ -18,6 +18,7 @@ import torch
 from harness.measure import caches, flash_kernels
 from harness.results.search import release_key
 from harness.schema.axes import Cell
+from harness.schema.run_files import Environment
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = (
@@ -178,28 +179,28 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def capture_environment(command: list[str]) -> dict[str, Any]:
-    """The facts ``env.json`` records; all of them read from what was really imported."""
-    return {
-        "torch_version": torch.__version__,
-        "torch_git_version": torch.version.git_version,
-        "cuda_version": torch.version.cuda,
-        "cudnn_version": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
-        "gpus": gpu_facts(),
-        "cuda_driver": _nvidia_driver(),
-        "cpu": cpu_name(),
-        "cpu_count": os.cpu_count(),
-        "torch_num_threads": torch.get_num_threads(),
-        "packages": package_versions(),
-        "flags": backend_flags(),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "hostname": platform.node(),
-        "harness_commit": harness_commit(),
-        "started_at": now_iso(),
-        "finished_at": None,
-        "command": command,
-    }
+def capture_environment(command: list[str]) -> Environment:
+    """The facts ``env.json`` records as a run starts; all of them read from what was
+    really imported."""
+    return Environment(
+        torch_version=torch.__version__,
+        torch_git_version=torch.version.git_version,
+        cuda_version=torch.version.cuda,
+        cudnn_version=torch.backends.cudnn.version() if torch.cuda.is_available() else None,
+        gpus=gpu_facts(),
+        cuda_driver=_nvidia_driver(),
+        cpu=cpu_name(),
+        cpu_count=os.cpu_count(),
+        torch_num_threads=torch.get_num_threads(),
+        packages=package_versions(),
+        flags=backend_flags(),
+        python=sys.version.split()[0],
+        platform=platform.platform(),
+        hostname=platform.node(),
+        harness_commit=harness_commit(),
+        started_at=now_iso(),
+        command=command,
+    )
 
 
 def _nvidia_driver() -> str | None:

@@ -33,6 +33,7 @@ from harness.schema.records import (
     base_label,
     outcome_label,
 )
+from harness.schema.run_files import Environment
 
 
 @dataclass
@@ -40,7 +41,7 @@ class Run:
     """One results directory as read: its environment, records and reading problems."""
 
     run_dir: Path
-    env: dict[str, Any]
+    env: Environment
     records: list[CellRecord]
     problems: list[str] = field(default_factory=list)
     #: The report's rows of the records, column by column (``run_columns``), where
@@ -58,7 +59,7 @@ def load_run(run_dir: Path) -> Run:
     try:
         env = storage.read_env(run_dir, problems)
     except storage.ResultsError as error:
-        env, problems = {}, [str(error)]
+        env, problems = Environment(), [str(error)]
     records = storage.read_records(run_dir, problems)
     if not records:
         problems.append(f"{run_dir / storage.CELLS_FILE}: no records (an empty run)")
@@ -190,7 +191,7 @@ def run_columns(run: Run) -> dict[str, list[Any]]:
     """A row per record of the run, with its speed ratios (computed within the run), column
     by column (empty for a run without records)."""
     ratios = speed_ratios(run.records)
-    names = (run.name, str(run.env.get("hostname", "?")))
+    names = (run.name, "?" if run.env.hostname is None else run.env.hostname)
     rows = [record_row(r, names, ratios.get(record_key(r))) for r in run.records]
     if not rows:
         return {}
@@ -201,7 +202,7 @@ def run_columns(run: Run) -> dict[str, list[Any]]:
 
 def records_frame(runs: Sequence[Run]) -> pd.DataFrame:
     """One row per cell per run, with its environment label and speed ratios."""
-    show_host = len({run.env.get("hostname") for run in runs}) > 1
+    show_host = len({run.env.hostname for run in runs}) > 1
     columns = [run.rows if run.rows is not None else run_columns(run) for run in runs]
     columns = [found for found in columns if found]
     if not columns:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from harness.report.aggregate import Run
 from harness.results import storage
@@ -19,6 +18,7 @@ from harness.results.speed import ALPHA, MIN_RATIO
 from harness.results.summary import format_rows
 from harness.schema.axes import Cell
 from harness.schema.records import CellRecord, Outcome, outcome_label
+from harness.schema.run_files import Environment
 
 NOT_OK = (Outcome.RAISES, Outcome.INACCURATE, Outcome.CRASHED, Outcome.TIMEOUT)
 
@@ -130,11 +130,10 @@ class Pairing:
     left_out: list[str] = field(default_factory=list)
 
 
-def environment_key(env: dict[str, Any]) -> EnvironmentKey:
+def environment_key(env: Environment) -> EnvironmentKey:
     """What makes two runs comparable: the torch release and the machine (host and GPUs)."""
-    gpus = env.get("gpus") or []
-    names = ",".join(str(g.get("name", g)) if isinstance(g, dict) else str(g) for g in gpus)
-    return (str(env.get("torch_version")), str(env.get("hostname")), names or "no GPU")
+    names = ",".join(str(gpu.get("name", gpu)) for gpu in env.gpus or [])
+    return (str(env.torch_version), str(env.hostname), names or "no GPU")
 
 
 def describe_key(key: EnvironmentKey) -> str:

@@ -29,6 +29,7 @@ from harness.results import storage
 from harness.results.summary import noise_statement
 from harness.schema.axes import MODES, SIZES, rank
 from harness.schema.records import DRIFT, LABELS
+from harness.schema.run_files import CaseInfo
 
 LEGEND = (
     *((label.text, label.css, label.meaning) for label in LABELS),
@@ -130,8 +131,8 @@ def alike_environments(table: pd.DataFrame) -> list[list[str]]:
     return list(groups.values())
 
 
-def upstream_links(meta: dict[str, Any]) -> list[tuple[str, str]]:
-    up = meta.get("upstream") or {}
+def upstream_links(meta: CaseInfo | None) -> list[tuple[str, str]]:
+    up: dict[str, Any] = (meta.upstream if meta else None) or {}
     repo, commit, file = up.get("repo", ""), up.get("commit", ""), up.get("file", "")
     base = f"https://github.com/{repo}"
     links = [(repo, base)] if repo else []
@@ -333,14 +334,14 @@ def size_plots(mine: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
 
 
 def case_view(
-    mine: pd.DataFrame, case: str, meta: dict[str, Any] | None, envs: Environments
+    mine: pd.DataFrame, case: str, meta: CaseInfo | None, envs: Environments
 ) -> dict[str, Any]:
     recommendation = aggregate.recommend(mine, case)
     universe = mine["env"].unique()
     return {
         "name": case,
         "meta": meta,
-        "links": upstream_links(meta or {}),
+        "links": upstream_links(meta),
         "recommendation": recommendation,
         "precision": [
             (fix, level.value)
@@ -360,47 +361,16 @@ def case_view(
 
 
 def environment_facts(run: Run) -> list[tuple[str, str]]:
-    env = run.env
-    keys = (
-        "torch_version",
-        "torch_git_version",
-        "cuda_version",
-        "cudnn_version",
-        "gpus",
-        "cuda_driver",
-        "cpu",
-        "cpu_count",
-        "load_average",
-        "torch_num_threads",
-        "workers",
-        "threads_per_worker",
-        "peak_gflops",
-        "peak_measured_at",
-        "packages",
-        "flags",
-        "timing",
-        "python",
-        "platform",
-        "hostname",
-        "harness_commit",
-        "started_at",
-        "finished_at",
-        "command",
-    )
     facts = [("results", str(run.run_dir))]
-    for key in keys:
-        if key in env:
-            value = env[key]
-            text = (
-                " ".join(value)
-                if key == "command"
-                else (
-                    json.dumps(value, sort_keys=True)
-                    if isinstance(value, dict | list)
-                    else str(value)
-                )
+    for key, value in run.env.facts():
+        text = (
+            " ".join(value)
+            if key == "command" and value is not None
+            else (
+                json.dumps(value, sort_keys=True) if isinstance(value, dict | list) else str(value)
             )
-            facts.append((key, text))
+        )
+        facts.append((key, text))
     return facts
 
 
@@ -474,7 +444,7 @@ def render_report(runs: Sequence[Run], comparison: Comparison | None = None) -> 
 
 def rendered(runs: Sequence[Run], comparison: Comparison | None) -> str:
     frame = aggregate.records_frame(runs)
-    metadata: dict[str, dict[str, Any]] = {}
+    metadata: dict[str, CaseInfo] = {}
     problems = [p for run in runs for p in run.problems]
     for run in runs:
         try:
@@ -506,7 +476,7 @@ def tables(
     envs: Environments,
     problems: list[str],
     cases: list[tuple[str, pd.DataFrame]],
-    metadata: dict[str, dict[str, Any]],
+    metadata: dict[str, CaseInfo],
 ) -> dict[str, Any]:
     """What the report shows but its plots and comparison."""
     return {

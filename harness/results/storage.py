@@ -1,4 +1,5 @@
-"""Results on disk: ``results/<run-id>/env.json`` and ``cells.jsonl``.
+"""Results on disk: ``results/<run-id>/cells.jsonl``, and the files beside it declared in
+:mod:`harness.schema.run_files` (``env.json``, ``cases.json``, ``run-plan.json``).
 
 Each record is appended as one line with a single write under an exclusive lock, then
 flushed and fsynced, so parallel workers never interleave partial lines and a killed run
@@ -13,7 +14,7 @@ import gc
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -22,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from harness.schema.records import CellRecord
-from harness.schema.typed import compiled, mismatch
+from harness.schema.run_files import CaseInfo, CaseList, Environment, RunPlan
 
-ENV_FILE = "env.json"
-CASES_FILE = "cases.json"
+ENV_FILE = Environment.FILE
+CASES_FILE = CaseList.FILE
 CELLS_FILE = "cells.jsonl"
 PLAN_FILE = "plan.json"
-RUN_PLAN_FILE = "run-plan.json"
+RUN_PLAN_FILE = RunPlan.FILE
 TIMING_PLAN_FILE = "timing-plan.json"
 PLAN_FILES = (PLAN_FILE, TIMING_PLAN_FILE)
 
@@ -81,26 +82,29 @@ def write_json_atomic(path: Path, data: Any) -> None:
     write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def write_env(run_dir: Path, env: dict[str, Any]) -> None:
-    write_json_atomic(run_dir / ENV_FILE, env)
+def read_json(path: Path, missing: str) -> Any:
+    """A file of the run folder as JSON; ``missing``: what a missing file means."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError as error:
+        raise ResultsError(f"{path}: {missing}") from error
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ResultsError(f"{path}: not valid JSON ({error})") from error
 
 
-#: The fields of a case in ``cases.json`` that a report shows, and their types.
-CASE_FIELDS: dict[str, Any] = {
-    "name": str,
-    "title": str | None,
-    "source_file": str | None,
-    "upstream": dict[str, str | list[str] | None] | None,
-    "failure": dict[str, str | None] | None,
-    "failure_variants": list[dict[str, str | None]],
-    "fixes": list[dict[str, str | None]],
-    "keep_fp32": list[str],
-    "manages_precision": bool,
-    "sizes": dict[str, dict[str, str | dict[str, str]]],
-}
+def write_env(run_dir: Path, env: Environment) -> None:
+    write_json_atomic(run_dir / ENV_FILE, env.to_dict())
 
 
-def read_cases(run_dir: Path, problems: list[str] | None = None) -> dict[str, dict[str, Any]]:
+def write_cases(run_dir: Path, cases: Sequence[CaseInfo]) -> None:
+    write_json_atomic(run_dir / CASES_FILE, CaseList(tuple(cases)).to_dict())
+
+
+def write_run_plan(run_dir: Path, plan: RunPlan) -> None:
+    write_json_atomic(run_dir / RUN_PLAN_FILE, plan.to_dict())
+
+
+def read_cases(run_dir: Path, problems: list[str] | None = None) -> dict[str, CaseInfo]:
     """The case metadata stored with a run, by name (empty when the file is absent). A
     case with a field of the wrong type is named as a problem and left out (or raises
     ResultsError when no ``problems`` list is given)."""
@@ -113,7 +117,7 @@ def read_cases(run_dir: Path, problems: list[str] | None = None) -> dict[str, di
         raise ResultsError(f"{path}: not valid JSON ({error})") from error
     try:
         cases, found = checked_cases(text)
-    except ValueError as error:
+    except (TypeError, ValueError) as error:
         raise ResultsError(f"{path}: {error}") from error
     if found and problems is None:
         raise ResultsError(f"{path}: {found[0]}")
@@ -123,37 +127,18 @@ def read_cases(run_dir: Path, problems: list[str] | None = None) -> dict[str, di
 
 
 @lru_cache(maxsize=16)
-def checked_cases(text: str) -> tuple[dict[str, dict[str, Any]], tuple[str, ...]]:
+def checked_cases(text: str) -> tuple[dict[str, CaseInfo], tuple[str, ...]]:
     """The valid cases of a ``cases.json``, by name, and the problem of each invalid one; a
-    ``ValueError`` for a file that is not a list of cases. Kept for the files read last:
-    the runs of a nightly store the same cases over and over (a report reads them all)."""
+    ``TypeError`` / ``ValueError`` for a file that is not a list of cases. Kept for the
+    files read last: the runs of a nightly store the same cases over and over (a report
+    reads them all)."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
         raise ValueError(f"not valid JSON ({error})") from error
-    if not isinstance(data, list):
-        raise ValueError("expected a list of cases")
-    cases, problems = {}, []
-    for number, case in enumerate(data):
-        problem = case_problem(case, f"case {number}")
-        if problem is None:
-            cases[case["name"]] = case
-        else:
-            problems.append(problem)
-    return cases, tuple(problems)
-
-
-def case_problem(case: Any, where: str) -> str | None:
-    if not isinstance(case, dict):
-        return mismatch(where, dict, case)
-    if "name" not in case:
-        return f"{where}: no name"
-    for key, hint in CASE_FIELDS.items():
-        if key in case:
-            problem = compiled(hint)(case[key], f"{where}.{key}")
-            if problem:
-                return problem
-    return None
+    problems: list[str] = []
+    listed = CaseList.from_dict(data, problems)
+    return {case.name: case for case in listed.cases}, tuple(problems)
 
 
 class RecordNotWritten(ResultsError):
@@ -239,77 +224,34 @@ def metadata_lock(run_dir: Path) -> Iterator[None]:
 @dataclass
 class RunResults:
     run_dir: Path
-    env: dict[str, Any]
+    env: Environment
     records: list[CellRecord] = field(default_factory=list)
 
 
-#: The fields of ``env.json`` that readers use, and the type each must have (null is
-#: always allowed): a field of another type is named as a problem and left out.
-ENV_FIELDS: dict[str, Any] = {
-    **dict.fromkeys(
-        ("torch_version", "torch_git_version", "hostname", "cpu", "python", "platform",
-         "harness_commit", "started_at", "finished_at", "cuda_version", "cuda_driver"),
-        str,
-    ),
-    **dict.fromkeys(
-        ("cudnn_version", "cpu_count", "torch_num_threads", "workers", "threads_per_worker",
-         "runner_exit_code"),
-        int,
-    ),
-    **dict.fromkeys(("gpus", "resumed"), list),
-    "load_average": list[float],
-    **dict.fromkeys(
-        ("packages", "flags", "timing", "timing_phase", "config", "peak_gflops",
-         "peak_measured_at"),
-        dict,
-    ),
-    "command": list[str],
-}  # fmt: skip
-
-
-def read_env(run_dir: Path, problems: list[str] | None = None) -> dict[str, Any]:
-    """``env.json`` as a dict. A field of the wrong type raises ResultsError naming it; when
-    a ``problems`` list is given, the message goes there and the field is left out."""
+def read_env(run_dir: Path, problems: list[str] | None = None) -> Environment:
+    """``env.json``. A field of the wrong type raises ResultsError naming it; when a
+    ``problems`` list is given, the message goes there and the field is left out."""
     path = run_dir / ENV_FILE
+    data = read_json(path, "missing (not a results directory?)")
+    found: list[str] | None = None if problems is None else []
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError as error:
-        raise ResultsError(f"{path}: missing (not a results directory?)") from error
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ResultsError(f"{path}: not valid JSON ({error})") from error
-    if not isinstance(data, dict):
-        raise ResultsError(f"{path}: expected a JSON object")
-    for key, problem in env_type_problems(data):
-        if problems is None:
-            raise ResultsError(f"{path}: {problem}")
-        problems.append(f"{path}: {problem} (left out)")
-        del data[key]
-    return data
+        env = Environment.from_dict(data, found)
+    except (TypeError, ValueError) as error:
+        raise ResultsError(f"{path}: {error}") from error
+    if problems is not None and found:
+        problems.extend(f"{path}: {problem} (left out)" for problem in found)
+    return env
 
 
-def env_type_problems(env: dict[str, Any]) -> list[tuple[str, str]]:
-    found = []
-    for key, hint in ENV_FIELDS.items():
-        value = env.get(key)
-        problem = None if value is None else compiled(hint)(value, key)
-        if problem:
-            found.append((key, problem))
-    return found
-
-
-def read_run_plan(run_dir: Path) -> dict[str, Any]:
+def read_run_plan(run_dir: Path) -> RunPlan:
+    """``run-plan.json``; one that cannot be used raises ResultsError naming the file and
+    what is wrong in it."""
     path = run_dir / RUN_PLAN_FILE
+    data = read_json(path, "missing: this run cannot be resumed")
     try:
-        data: dict[str, Any] = json.loads(path.read_text())
-    except FileNotFoundError as error:
-        raise ResultsError(f"{path}: missing: this run cannot be resumed") from error
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ResultsError(f"{path}: not valid JSON ({error})") from error
-    if not isinstance(data, dict) or not all(
-        isinstance(data.get(key), list) for key in ("cells", "skipped")
-    ):
-        raise ResultsError(f"{path}: not a run plan (no lists of cells and skipped cells)")
-    return data
+        return RunPlan.from_dict(data)
+    except (TypeError, ValueError) as error:
+        raise ResultsError(f"{path}: {error}") from error
 
 
 def drop_partial_last_line(run_dir: Path) -> str | None:

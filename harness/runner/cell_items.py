@@ -32,7 +32,7 @@ from harness.runner.isolation import (
 )
 from harness.runner.progress import Progress, column_label, progress_label
 from harness.schema.axes import Cell
-from harness.schema.config import Limits, RunConfig, TimingConfig
+from harness.schema.config import Limits, TimingConfig
 from harness.schema.records import CellRecord, CrashKind, Outcome
 
 OUTCOME_KEY = "ampmatrix_outcome"
@@ -70,7 +70,7 @@ class PlanFile(pytest.File):
     def collect(self) -> Iterator[pytest.Item]:
         plan = load_plan(self.path)
         run_dir = Path(plan["run_dir"])
-        config = RunConfig.of_run_plan(storage.read_run_plan(run_dir))
+        config = storage.read_run_plan(run_dir).config
         registry.discover(config.cases_dirs)
         model_case.registered_models(config)
         limits = config.limits

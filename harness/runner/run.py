@@ -33,6 +33,7 @@ from harness.runner.matrix import Plan, expand
 from harness.schema.axes import SIZES, SMALL_SIZE, TIMED_SIZE, Cell, rank
 from harness.schema.config import RunConfig, TimingConfig
 from harness.schema.records import CellRecord, Outcome
+from harness.schema.run_files import RunPlan
 from harness.schema.selection import SelectionError, check_selection
 
 if TYPE_CHECKING:  # pytest is imported where workers run the cells
@@ -62,8 +63,7 @@ def plan_run(config: RunConfig) -> Plan:
 def start_run_dir(config: RunConfig) -> Path:
     run_dir = storage.create_run_dir(config.results_root, storage.new_run_id(torch.__version__))
     storage.write_env(run_dir, capture_environment(list(config.command)))
-    cases = [case.metadata() for case in registry.all_cases()]
-    storage.write_json_atomic(run_dir / storage.CASES_FILE, cases)
+    storage.write_cases(run_dir, [case.metadata() for case in registry.all_cases()])
     return run_dir
 
 
@@ -346,17 +346,16 @@ def finish_run(
 ) -> None:
     env = storage.read_env(run_dir)
     records = storage.read_records(run_dir)
-    env.update(
+    env = replace(
+        env,
         finished_at=now_iso(),
         runner_exit_code=exit_code,
         workers=workers,
         threads_per_worker=threads_per_worker(workers),
         timing=dataclasses.asdict(config.timing) if config.timing else None,
         timing_phase=timing_phase.to_dict() if timing_phase else None,
-        config=config.to_dict(),
         peak_gflops=measured_peaks(records),
         peak_measured_at=peak_dates(records),
-        # how loaded the machine was over the run's last minutes (timing noise's usual cause)
         load_average=list(os.getloadavg()),
     )
     storage.write_env(run_dir, env)
@@ -385,30 +384,17 @@ def peak_dates(records: Sequence[CellRecord]) -> dict[str, dict[str, str]]:
 def missing_cells(run_dir: Path, records: Sequence[CellRecord] | None = None) -> list[Cell]:
     """The cells of the run's plan (to run or skipped) that have no record; ``records``
     when the caller has read them already."""
-    _, planned, skipped = saved_plan(run_dir)
+    saved = storage.read_run_plan(run_dir)
     if records is None:
         records = storage.read_records(run_dir, problems=[])
     recorded = {record.cell for record in records}
-    return [cell for cell in [*planned, *(c for c, _ in skipped)] if cell not in recorded]
-
-
-def saved_plan(run_dir: Path) -> tuple[RunConfig, list[Cell], list[tuple[Cell, str]]]:
-    """The run's configuration and planned cells from ``run-plan.json``; a plan that cannot
-    be used raises ``ResultsError`` naming the file and what is wrong in it."""
-    saved = storage.read_run_plan(run_dir)
-    try:
-        config = RunConfig.of_run_plan(saved)
-        planned = [Cell.from_dict(c) for c in saved["cells"]]
-        skipped = [(Cell.from_dict(c), str(reason)) for c, reason in saved["skipped"]]
-    except (KeyError, TypeError, ValueError, AttributeError) as error:
-        path = run_dir / storage.RUN_PLAN_FILE
-        raise storage.ResultsError(f"{path}: malformed run plan ({error})") from error
-    return config, planned, skipped
+    planned = [*saved.cells, *(cell for cell, _ in saved.skipped)]
+    return [cell for cell in planned if cell not in recorded]
 
 
 def check_same_torch(run_dir: Path) -> None:
     """Records of another torch must not join a run recorded under this one."""
-    recorded = storage.read_env(run_dir).get("torch_version")
+    recorded = storage.read_env(run_dir).torch_version
     if recorded and recorded != torch.__version__:
         raise storage.ResultsError(
             f"{run_dir / storage.ENV_FILE}: the run was recorded under torch {recorded}; "
@@ -420,14 +406,7 @@ def check_same_torch(run_dir: Path) -> None:
 
 def write_run_plan(run_dir: Path, plan: Plan, config: RunConfig) -> None:
     """Everything ``--resume`` needs to finish this run as it was started."""
-    storage.write_json_atomic(
-        run_dir / storage.RUN_PLAN_FILE,
-        {
-            "config": config.to_dict(),
-            "cells": [cell.to_dict() for cell in plan.to_run],
-            "skipped": [[cell.to_dict(), reason] for cell, reason in plan.skipped],
-        },
-    )
+    storage.write_run_plan(run_dir, RunPlan(config, tuple(plan.to_run), tuple(plan.skipped)))
 
 
 def run_cells(run_dir: Path, plan: Plan, config: RunConfig) -> Path:
@@ -470,10 +449,8 @@ def resume_locked(run_dir: Path, workers: str) -> Path:
         return run_dir
     dropped = storage.drop_partial_last_line(run_dir)
     env = storage.read_env(run_dir)
-    env.setdefault("resumed", []).append(
-        {"at": now_iso(), "dropped_partial_line": dropped, "cells_left": len(plan.to_run)}
-    )
-    storage.write_env(run_dir, env)
+    resumed = {"at": now_iso(), "dropped_partial_line": dropped, "cells_left": len(plan.to_run)}
+    storage.write_env(run_dir, replace(env, resumed=[*(env.resumed or []), resumed]))
     print(
         f"ampmatrix: resuming {run_dir}: {len(plan.to_run)} of {planned} cells left to run",
         flush=True,
@@ -485,16 +462,16 @@ def saved_state(run_dir: Path) -> tuple[RunConfig, Plan, int]:
     """What ``--resume`` reads before it runs anything: the run's configuration, the cells
     still without a record, and how many cells the run planned. Only reads; a run plan or
     env.json that cannot be used raises ``ResultsError`` naming the file."""
-    config, planned, skipped = saved_plan(run_dir)
+    saved = storage.read_run_plan(run_dir)
     check_same_torch(run_dir)
-    config = replace(config, results_root=run_dir.parent)
+    config = replace(saved.config, results_root=run_dir.parent)
     try:
         run_cases(config)
     except (CaseContractError, model_case.ModelCheckError) as error:
         raise storage.ResultsError(f"{run_dir / storage.RUN_PLAN_FILE}: {error}") from error
     done = {record.cell for record in storage.read_records(run_dir, problems=[])}
     plan = Plan(
-        to_run=[c for c in planned if c not in done],
-        skipped=[(c, reason) for c, reason in skipped if c not in done],
+        to_run=[c for c in saved.cells if c not in done],
+        skipped=[(c, reason) for c, reason in saved.skipped if c not in done],
     )
-    return config, plan, len(planned)
+    return config, plan, len(saved.cells)

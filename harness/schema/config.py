@@ -1,7 +1,8 @@
 """The run configuration: built once from the command line, frozen, stored with the run.
 
-``run`` builds it, writes it into ``run-plan.json``; ``--resume`` and the pytest plugin (in
-every worker) read it back from there, so each part of a run sees the same settings.
+``run`` builds it, writes it into ``run-plan.json`` (``harness.schema.run_files.RunPlan``);
+``--resume`` and the pytest plugin (in every worker) read it back from there, so each part
+of a run sees the same settings.
 """
 
 from __future__ import annotations
@@ -124,12 +125,6 @@ class RunConfig:
             raise ValueError(f"batch: expected a positive whole number, got {config.batch!r}")
         check_limits(config.limits)
         return config
-
-    @classmethod
-    def of_run_plan(cls, saved: dict[str, Any]) -> RunConfig:
-        """The configuration stored in a ``run-plan.json`` (runs of older versions kept its
-        parts at the top level)."""
-        return cls.from_dict(saved.get("config", saved))
 
 
 def strings(value: Any, name: str) -> tuple[str, ...]:
