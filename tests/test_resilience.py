@@ -170,6 +170,7 @@ def test_resume_refuses_selection_flags_and_runs_without_a_plan(tmp_path: Path) 
         ("[]", "not a run plan"),
         ('{"cells": [1], "skipped": []}', "malformed run plan"),
         ('{"cells": [], "skipped": [], "config": {"selection": 3}}', "malformed run plan"),
+        ('{"schema_version": 99, "cells": [], "skipped": []}', "schema_version 99 is newer"),
         (b"\xff\xfe", "not valid JSON"),
     ],
 )
