@@ -289,7 +289,7 @@ def test_a_gpu_float32_control_with_tf32_on_is_judged_against_tf32(
 
 
 def test_kernel_flops_from_shapes() -> None:
-    from harness.measure.trail import kernel_flops
+    from harness.measure.kernels import kernel_flops
 
     a, b = torch.empty(3, 5, 7), torch.empty(3, 7, 2)
     assert kernel_flops(torch.ops.aten.bmm.default, [a, b], []) == 2 * 3 * 5 * 7 * 2

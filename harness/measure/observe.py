@@ -1,8 +1,9 @@
 """Record the dtype the attention core actually ran in.
 
 A fix can look right and still run everything in fp32; the record must show that. Inside
-``RunContext.attention_core()`` a TorchDispatchMode watches the compute kernels (matmuls
-and attention kernels) below autocast, so it sees the dtypes the kernels really received.
+``RunContext.attention_core()`` a TorchDispatchMode watches the compute kernels (the
+matmuls, convolutions and attention kernels of :mod:`harness.measure.kernels`, the ops the
+dtype tracer counts) below autocast, so it sees the dtypes the kernels really received.
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ from typing import Any, Protocol
 import torch
 
 from harness.measure.dispatch_mode import LazyDynamoMode
-
-#: Substrings of aten op names that count as the attention core's compute.
-CORE_OP_MARKERS = ("mm", "matmul", "attention", "baddbmm", "addmm", "linear")
+from harness.measure.kernels import kernel_kind
 
 
 @dataclass
@@ -36,12 +35,15 @@ class CoreObservation:
         return "+".join(self.dtypes) if self.dtypes else None
 
 
-def _is_core_op(func: Any) -> bool:
-    name = getattr(func, "__name__", "")
-    return any(marker in name for marker in CORE_OP_MARKERS)
-
-
 class _CoreDtypeRecorder(LazyDynamoMode):
+    """The core's watch where no dtype tracer runs (a compiled or untraced run).
+
+    It records what the tracer does not, by design: a kernel's positional floating-point
+    arguments as it is called, so a kernel that raises counts too (without a trail, its
+    inputs are the only word on what made it fail); the tracer counts every floating input
+    (keyword ones, an attention mask, too) of a kernel that ran (``DtypeTracer.observe``).
+    """
+
     def __init__(self, observation: CoreObservation) -> None:
         super().__init__()
         self.observation = observation
@@ -49,7 +51,7 @@ class _CoreDtypeRecorder(LazyDynamoMode):
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
-        if _is_core_op(func):
+        if kernel_kind(func) is not None:
             for arg in args:
                 if isinstance(arg, torch.Tensor) and arg.is_floating_point():
                     self.observation.add(arg.dtype)

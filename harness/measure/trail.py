@@ -1,11 +1,11 @@
 """The dtype tracer: for every aten op of a correctness run, the dtypes it received and made.
 
-It keeps only what the trail needs (bounded memory): the first *promotion* (an op with a
+It holds only what the trail needs (bounded memory): the first *promotion* (an op with a
 low-precision input whose output is wider), what carried the wider dtype in (a parameter or
 buffer by name, an explicit cast, a tensor created in float32, a model input), the op that
-raised, and the dtypes matmul and attention kernels computed in. Where an op ran comes from
-the Python stack at that moment: the module path (``self`` of the module frames) and the
-innermost ``file:line`` of the case's or model's own code.
+raised, and the dtypes the compute kernels (:mod:`harness.measure.kernels`) computed in.
+Where an op ran comes from the Python stack at that moment: the module path (``self`` of
+the module frames) and the innermost ``file:line`` of the case's or model's own code.
 
 A TorchDispatchMode runs below autocast, and calls each op with autocast switched off
 (PyTorch excludes the dispatch keys above Python while a mode handles an op). Fused native
@@ -35,6 +35,15 @@ from torch import nn
 
 from harness.measure import caches
 from harness.measure.dispatch_mode import LazyDynamoMode
+from harness.measure.kernels import (
+    ATTENTION,
+    computed_inputs,
+    is_fused_layer,
+    kernel_flops,
+    kernel_kind,
+    op_name,
+    short_name,
+)
 from harness.measure.observe import ACTIVE, CoreObservation
 from harness.measure.precision import (
     TENSOR_ATTRIBUTE,
@@ -49,40 +58,12 @@ from harness.schema.trail_records import Drift, Island, Promotion, Site, Trail
 ORIGIN_ATTR = "_ampmatrix_origin"
 #: Set on wide tensors computed only from parts the case keeps in fp32 (views of them, say).
 KEPT_ATTR = "_ampmatrix_kept"
-#: The promotion a tensor descends from (kept through later ops, narrowing casts included).
+#: The promotion a tensor descends from (carried through later ops, narrowing casts too).
 PROMOTION_ATTR = "_ampmatrix_promotion"
 AUTOCAST_KEYS = {
     "cpu": torch._C.DispatchKey.AutocastCPU,
     "cuda": torch._C.DispatchKey.AutocastCUDA,
 }
-#: Kernels whose input dtypes are the dtypes the model computed in.
-MATMUL_OPS = frozenset(
-    {
-        "mm",
-        "bmm",
-        "addmm",
-        "baddbmm",
-        "addbmm",
-        "_addmm_activation",
-        "mv",
-        "addmv",
-        "dot",
-        "convolution",
-        "_convolution",
-        "mkldnn_convolution",
-    }
-)
-#: Ops that run attention (or a whole layer) in one native kernel.
-ATTENTION_MARKERS = ("attention", "_transformer_encoder_layer_fwd", "_native_multi_head")
-#: Fused layers that dispatch their inner ops themselves: under autocast their inputs do not
-#: tell the dtype they compute in.
-FUSED_LAYER_OPS = frozenset(
-    {
-        "_transformer_encoder_layer_fwd",
-        "_native_multi_head_attention",
-        "_transformer_decoder_only_layer_fwd",
-    }
-)
 #: Casts: a low-precision tensor made wider by one of these was cast on purpose.
 CAST_OPS = frozenset({"_to_copy", "to", "_to_copy_out", "type_as", "copy"})
 #: Tensor methods that cast: called from Python, they are the code's own casts (autocast's
@@ -200,66 +181,8 @@ def floating_tensors(tree: Any) -> list[torch.Tensor]:
     return found
 
 
-@caches.cache
-def op_name(func: Any) -> str:
-    """``aten::mm``; cached per op (the tracer asks for every op a cell runs)."""
-    schema = getattr(func, "_schema", None)
-    return str(schema.name) if schema is not None else str(func)
-
-
-@caches.cache
-def short_name(func: Any) -> str:
-    return op_name(func).split("::")[-1]
-
-
-@caches.cache
-def kernel_kind(func: Any) -> str | None:
-    name = short_name(func)
-    if any(marker in name for marker in ATTENTION_MARKERS):
-        return "attention"
-    return "matmul" if name in MATMUL_OPS else None
-
-
-#: Attention kernels whose first three inputs are q, k and v; what follows (a float mask, a
-#: bias) is added to the scores and says nothing of the dtype the kernel computes in.
-QKV_FIRST_MARKERS = ("scaled_dot_product", "_flash_attention_forward", "_efficient_attention")
-
-
-def computed_inputs(func: Any, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The inputs whose dtype is the dtype a kernel computes in."""
-    name = short_name(func)
-    return inputs[:3] if any(marker in name for marker in QKV_FIRST_MARKERS) else inputs
-
-
 def widens(dtype: torch.dtype, low: torch.dtype) -> bool:
     return dtype.is_floating_point and torch.finfo(dtype).bits > torch.finfo(low).bits
-
-
-#: Attention kernels that take q, k and v laid out (batch, seq, heads, dim); the others
-#: take (batch, heads, seq, dim).
-SEQ_FIRST_MARKERS = ("_efficient_attention", "_flash_attention")
-#: Matmul kernels by the positions of their two factors among the floating inputs.
-FACTORS = {"mm": 0, "bmm": 0, "mv": 0, "dot": 0, "addmm": 1, "_addmm_activation": 1}
-FACTORS |= {"baddbmm": 1, "addbmm": 1, "addmv": 1}
-CONVOLUTIONS = ("convolution", "_convolution", "mkldnn_convolution")
-
-
-def kernel_flops(func: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> int | None:
-    """Floating-point operations of a matmul, convolution or attention kernel from its
-    shapes (a multiply-add is two); None for a kernel whose work its shapes do not tell (a
-    fused layer)."""
-    name = short_name(func)
-    if name in FACTORS and len(inputs) >= FACTORS[name] + 2:
-        # (..., M, K) @ (..., K, N): 2 * M * K * N per batch; a vector factor has N = 1
-        a, b = inputs[FACTORS[name]], inputs[FACTORS[name] + 1]
-        return 2 * a.numel() * (b.shape[-1] if b.dim() >= 2 else 1)
-    if name in CONVOLUTIONS and len(inputs) >= 2 and outputs:
-        return 2 * outputs[0].numel() * int(inputs[1][0].numel())
-    if any(marker in name for marker in QKV_FIRST_MARKERS) and len(inputs) >= 3:
-        q, k, v = inputs[:3]
-        keys = k.shape[1] if name.startswith(SEQ_FIRST_MARKERS) else k.shape[-2]
-        return 2 * q.numel() * keys * (q.shape[-1] + v.shape[-1]) // max(q.shape[-1], 1)
-    return None
 
 
 @dataclass
@@ -379,7 +302,7 @@ class DtypeTracer(LazyDynamoMode):
         if self.core is not None and kind is not None:
             for t in inputs:
                 self.core.add(t.dtype)
-            kind = "attention"
+            kind = ATTENTION
         island = None
         if kind is not None:
             island = self.record_compute(func, kind, inputs, outputs)
@@ -440,7 +363,7 @@ class DtypeTracer(LazyDynamoMode):
         """Note the dtypes and FLOPs of a matmul or attention kernel; the index of the new
         island where it computed wider than the cell's dtype (not from kept parts)."""
         device = inputs[0].device.type if inputs else "cpu"
-        if short_name(func) in FUSED_LAYER_OPS and self.autocast_dtype(device) is not None:
+        if is_fused_layer(func) and self.autocast_dtype(device) is not None:
             return None  # it autocasts inside: its inputs do not tell what it computes in
         flops = kernel_flops(func, inputs, outputs)
         self.flops += flops or 0
