@@ -78,6 +78,15 @@ def test_each_file_round_trips_through_its_declaration(tmp_path: Path) -> None:
     assert storage.read_env(tmp_path) == ENV
     assert storage.read_cases(tmp_path) == {"toy": CASE}
     assert storage.read_run_plan(tmp_path) == PLAN
+    assert storage.read_run_config(tmp_path) == PLAN.config  # what a worker reads
+
+
+def test_a_worker_reads_the_configuration_without_the_cells(tmp_path: Path) -> None:
+    write(tmp_path / storage.RUN_PLAN_FILE, {**PLAN.to_dict(), "cells": [1]})
+    assert storage.read_run_config(tmp_path) == PLAN.config
+    write(tmp_path / storage.RUN_PLAN_FILE, {**PLAN.to_dict(), VERSION_KEY: 3})
+    with pytest.raises(storage.ResultsError, match="schema_version 3 is newer"):
+        storage.read_run_config(tmp_path)
 
 
 def test_each_file_carries_its_version_and_every_field() -> None:

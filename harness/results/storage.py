@@ -14,14 +14,15 @@ import gc
 import json
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from harness.schema.config import RunConfig
 from harness.schema.records import CellRecord
 from harness.schema.run_files import CaseInfo, CaseList, Environment, RunPlan
 
@@ -246,10 +247,22 @@ def read_env(run_dir: Path, problems: list[str] | None = None) -> Environment:
 def read_run_plan(run_dir: Path) -> RunPlan:
     """``run-plan.json``; one that cannot be used raises ResultsError naming the file and
     what is wrong in it."""
+    return _read_plan(run_dir, RunPlan.from_dict)
+
+
+def read_run_config(run_dir: Path) -> RunConfig:
+    """The configuration in ``run-plan.json``, its cells not read."""
+    return _read_plan(run_dir, RunPlan.config_from_dict)
+
+
+T = TypeVar("T")
+
+
+def _read_plan(run_dir: Path, read: Callable[[Any], T]) -> T:
     path = run_dir / RUN_PLAN_FILE
     data = read_json(path, "missing: this run cannot be resumed")
     try:
-        return RunPlan.from_dict(data)
+        return read(data)
     except (TypeError, ValueError) as error:
         raise ResultsError(f"{path}: {error}") from error
 

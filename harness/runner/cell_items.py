@@ -70,7 +70,7 @@ class PlanFile(pytest.File):
     def collect(self) -> Iterator[pytest.Item]:
         plan = load_plan(self.path)
         run_dir = Path(plan["run_dir"])
-        config = storage.read_run_plan(run_dir).config
+        config = storage.read_run_config(run_dir)
         registry.discover(config.cases_dirs)
         model_case.registered_models(config)
         limits = config.limits

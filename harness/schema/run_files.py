@@ -269,19 +269,29 @@ class RunPlan:
     @classmethod
     def from_dict(cls, data: Any) -> RunPlan:
         """The plan a file holds; a ``ValueError`` naming the field that does not fit."""
+        config = cls.config_from_dict(data)
+        try:
+            return cls(
+                config=config,
+                cells=tuple(cell_at(c, f"cells[{i}]") for i, c in enumerate(data["cells"])),
+                skipped=tuple(
+                    skipped_at(s, f"skipped[{i}]") for i, s in enumerate(data["skipped"])
+                ),
+            )
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"malformed run plan: {error}") from error
+
+    @classmethod
+    def config_from_dict(cls, data: Any) -> RunConfig:
+        """The configuration of the plan a file holds, its cells not read (a worker of the
+        run needs only the configuration, and a plan may list a hundred thousand cells)."""
         if not isinstance(data, dict):
             raise ValueError("not a run plan (no lists of cells and skipped cells)")
         version = file_version(data, cls.VERSION)
         if not all(isinstance(data.get(key), list) for key in ("cells", "skipped")):
             raise ValueError("not a run plan (no lists of cells and skipped cells)")
         try:
-            return cls(
-                config=stored_config(data, version),
-                cells=tuple(cell_at(c, f"cells[{i}]") for i, c in enumerate(data["cells"])),
-                skipped=tuple(
-                    skipped_at(s, f"skipped[{i}]") for i, s in enumerate(data["skipped"])
-                ),
-            )
+            return stored_config(data, version)
         except (TypeError, ValueError, AttributeError) as error:
             raise ValueError(f"malformed run plan: {error}") from error
 
