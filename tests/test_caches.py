@@ -30,15 +30,15 @@ def import_caching_modules() -> None:
 
 def function_fillers() -> dict[str, Callable[[], Any]]:
     """A call that puts an entry in each cached function's cache."""
-    from harness.measure import environment, flash_kernels, perf, torch_state, trail
+    from harness.measure import environment, flash_kernels, kernels, perf, torch_state, trail
 
     mm = torch.ops.aten.mm.default
     fillers: dict[Callable[..., Any], Callable[[], Any]] = {
         torch_state.settings: torch_state.settings,
         flash_kernels.installed_version: lambda: flash_kernels.installed_version("flash-attn"),
-        trail.op_name: lambda: trail.op_name(mm),
-        trail.short_name: lambda: trail.short_name(mm),
-        trail.kernel_kind: lambda: trail.kernel_kind(mm),
+        kernels.op_name: lambda: kernels.op_name(mm),
+        kernels.short_name: lambda: kernels.short_name(mm),
+        kernels.kernel_kind: lambda: kernels.kernel_kind(mm),
         trail.warm_up: trail.warm_up,
         trail.calls_in: lambda: trail.calls_in(__file__),
         environment.module_available: lambda: environment.module_available("json"),
