@@ -12,7 +12,7 @@ import torch
 from harness.measure import cell_record, environment, flash_kernels, judging, registry
 from harness.measure.flash_kernels import FLASH_ATTN_2, FLASH_ATTN_4, FlashPackage
 from harness.schema.axes import Cell
-from harness.schema.records import CellRecord, Outcome
+from harness.schema.records import CellRecord, NoteKind, Outcome
 
 #: What each package raised for VAR's float32 query (flash-attn 4 measured on an H100 and
 #: on this CPU, flash-attn 2 from its source): (error type, message).
@@ -77,12 +77,15 @@ def test_records_say_which_kernel_ran(monkeypatch: pytest.MonkeyPatch) -> None:
     installed(monkeypatch, flash_attn_4="4.0.0b36")
     on_gpu(monkeypatch, 9, 0)
     note = cell_record.backend_note(Cell("c", "none", "cuda:0", "float16", "half", "flash-attn"))
-    assert note is not None
-    assert note.startswith("flash-attn: the real kernel, flash-attn-4 4.0.0b36 (flash_attn.cute)")
-    assert "outside torch's dispatcher" in note  # the trail cannot see inside it
+    assert note is not None and note.kind is NoteKind.BACKEND
+    assert note.text.startswith(
+        "flash-attn: the real kernel, flash-attn-4 4.0.0b36 (flash_attn.cute)"
+    )
+    assert "outside torch's dispatcher" in note.text  # the trail cannot see inside it
     contract = cell_record.backend_note(Cell("c", "none", "cpu", "float16", "half",
                                          "flash-attn-contract"))  # fmt: skip
-    assert contract is not None and "flash-attn 2's input contract and error messages" in contract
+    assert contract is not None and contract.kind is NoteKind.BACKEND
+    assert "flash-attn 2's input contract and error messages" in contract.text
 
 
 def test_env_json_lists_both_packages() -> None:

@@ -19,16 +19,21 @@ from harness.cli import output
 from harness.measure import torch_state
 from harness.results import storage
 from harness.runner.run import missing_cells
-from harness.schema.records import CellRecord, CrashKind, Outcome
+from harness.schema.records import CellRecord, CrashKind, NoteKind, Outcome
 from tests.conftest import FIXTURES, ROOT, TOY_CASES, harness, only_run_dir
 
 HOSTILE_CASES = FIXTURES / "hostile_cases"
 
 
+def notes_of(record: CellRecord, kind: NoteKind) -> str:
+    """The text of a record's notes of ``kind`` (empty where it has none)."""
+    return " ".join(note.text for note in record.notes if note.kind is kind)
+
+
 def verdicts(records: list[CellRecord], case: str) -> dict[str, tuple[object, ...]]:
     """What another case's fix must not change: its outcome, dtypes and figures."""
     return {
-        r.cell.id: (r.outcome, r.reproduces, r.error_type, r.out_dtype, r.numerics, r.note)
+        r.cell.id: (r.outcome, r.reproduces, r.error_type, r.out_dtype, r.numerics, r.notes)
         for r in records
         if r.cell.case == case
     }
@@ -68,10 +73,11 @@ def test_global_settings_a_fix_changes_reach_no_other_cell_in_either_phase(
     clean = run_toy(tmp_path / "clean", "toy-mixed-matmul", *timing)
     assert verdicts(records, "toy-mixed-matmul") == verdicts(clean, "toy-mixed-matmul")
     leaky = {r.cell.fix: r for r in records if r.cell.case == "toy-global-state"}
-    assert "default dtype torch.float32 -> torch.float64" in str(leaky["leaky"].note)
-    assert "autocast(cpu) False -> True" in str(leaky["leaky"].note)
-    assert "threads" in str(leaky["one-thread"].note)
-    assert "put back after each call" in str(leaky["one-thread"].note)
+    changed = notes_of(leaky["leaky"], NoteKind.SETTINGS_CHANGED)
+    assert "default dtype torch.float32 -> torch.float64" in changed
+    assert "autocast(cpu) False -> True" in changed
+    assert "threads" in notes_of(leaky["one-thread"], NoteKind.SETTINGS_CHANGED)
+    assert notes_of(leaky["one-thread"], NoteKind.SETTINGS_RESTORED)  # timed, put back
     timed_threads = {r.perf.threads for r in records if r.perf}
     assert timed_threads == {r.perf.threads for r in clean if r.perf}  # one value, unchanged
     assert leaky["none"].outcome is Outcome.PASSES and leaky["none"].out_dtype == "bfloat16"

@@ -23,7 +23,15 @@ from harness.measure.timing import ClockStopwatch
 from harness.measure.trail import PythonWatch, watch_python
 from harness.results import storage
 from harness.schema.axes import Cell
-from harness.schema.records import DRIFT, CellRecord, CrashKind, Outcome, outcome_label
+from harness.schema.records import (
+    DRIFT,
+    CellRecord,
+    CrashKind,
+    Note,
+    NoteKind,
+    Outcome,
+    outcome_label,
+)
 from tests.conftest import CONTRACT_CASES, ROOT, only_run_dir, run_cases
 
 CPU = torch.device("cpu")
@@ -174,7 +182,7 @@ def test_a_training_step_passes_leaf_by_leaf_and_is_rerunnable(
     assert record.numerics is not None
     assert record.numerics.leaf in ("loss", "head_grad", "updated_head")
     timed = cell_timing.checked_call(record, ClockStopwatch(), min_block_s=0.01)
-    assert isinstance(timed, cell_timing.TimedCall) and timed.record.note is None
+    assert isinstance(timed, cell_timing.TimedCall) and timed.record.notes == ()
     timed.call()  # a timed call: it computes what the first call did
     assert cell_timing.rerun_note(timed) is None
 
@@ -248,4 +256,5 @@ def test_a_call_whose_output_changes_between_calls_is_noted(contract_registry: N
     keeping()
     timed = cell_timing.TimedCall(record, keeping, torch.device("cpu"), keeping.last, 0.0)
     keeping()  # a timed call that computes something else: a counter, a growing cache
-    assert cell_timing.rerun_note(timed) == cell_timing.NOT_RERUNNABLE
+    rerun = Note(NoteKind.NOT_RERUNNABLE, cell_timing.NOT_RERUNNABLE)
+    assert cell_timing.rerun_note(timed) == rerun

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness.results import storage
-from harness.schema.records import SCHEMA_VERSION, CellRecord, Outcome
+from harness.schema.records import SCHEMA_VERSION, CellRecord, NoteKind, Outcome
 from tests.conftest import FIXTURES, ROOT, TOY_CASES, harness, only_run_dir, run_cases
 
 CRASH_CASES = FIXTURES / "crash_cases"
@@ -274,6 +274,6 @@ def test_a_fix_that_kills_the_timing_process_costs_only_its_own_figures(
     config = TimingConfig(budget_s=0.01, min_calls=1)
     columns = list(time_columns_isolated([first, second], config, "main", Limits(), threads=1))
     (none, killer), (later,) = columns
-    assert none.perf is not None and "timed alone" in str(none.note)
+    assert none.perf is not None and [n.kind for n in none.notes] == [NoteKind.TIMED_ALONE]
     assert killer.perf is None and "died" in str(killer.timing_error)
-    assert later.perf is not None and later.note is None
+    assert later.perf is not None and later.notes == ()

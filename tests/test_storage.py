@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -9,7 +10,16 @@ import pytest
 
 from harness.results import storage
 from harness.schema.axes import Cell
-from harness.schema.records import SCHEMA_VERSION, CellRecord, CrashKind, Flag, Numerics, Outcome
+from harness.schema.records import (
+    SCHEMA_VERSION,
+    CellRecord,
+    CrashKind,
+    Flag,
+    Note,
+    NoteKind,
+    Numerics,
+    Outcome,
+)
 from harness.schema.run_files import Environment
 from harness.schema.trail_records import Promotion, Site, Trail
 
@@ -151,6 +161,39 @@ def test_a_schema_1_record_is_migrated_to_typed_fields() -> None:
         timed_failure.pop(key)
     migrated = CellRecord.from_dict(timed_failure)
     assert migrated.timing_error == "RuntimeError: boom"
-    assert migrated.note == "flash-attn-contract: ..." and migrated.flags == ()
+    assert migrated.notes == (Note(NoteKind.JOINED, "flash-attn-contract: ..."),)
+    assert migrated.flags == ()
     crashed = dict(timed_failure, outcome="crashed", error_type="ProcessDied", note=None)
     assert CellRecord.from_dict(crashed).crash_kind is CrashKind.PROCESS_DIED
+
+
+def test_notes_round_trip_with_their_kinds() -> None:
+    notes = (
+        Note(NoteKind.BACKEND, "flash-attn-contract: computed with SDPA; not the real kernel"),
+        Note(NoteKind.TIMED_ALONE, "timed alone"),
+    )
+    record = dataclasses.replace(RECORDS[1], notes=notes)
+    data = record.to_dict()
+    assert "note" not in data and data["notes"][0]["kind"] == "backend"
+    assert CellRecord.from_dict(json.loads(json.dumps(data))) == record
+    joined = "flash-attn-contract: computed with SDPA; not the real kernel; timed alone"
+    assert record.notes_text == joined
+
+
+def test_a_schema_3_note_is_read_as_one_joined_note_word_for_word() -> None:
+    """Schema 3 stored the notes joined with "; ", which a note's own text may hold."""
+    data = RECORDS[1].to_dict()
+    data.pop("notes")
+    text = "flash-attn-contract: computed with SDPA; not the real kernel; timed alone"
+    old = CellRecord.from_dict(dict(data, schema_version=3, note=text))
+    assert old.notes == (Note(NoteKind.JOINED, text),) and old.notes_text == text
+    assert CellRecord.from_dict(dict(data, schema_version=3, note=None)).notes == ()
+
+
+def test_a_note_of_an_unknown_kind_is_refused() -> None:
+    data = dict(RECORDS[1].to_dict(), notes=[{"kind": "gossip", "text": "x"}])
+    with pytest.raises(ValueError, match="gossip"):
+        CellRecord.from_dict(data)
+    data = dict(RECORDS[1].to_dict(), notes=["a bare text"])
+    with pytest.raises(TypeError, match="notes"):
+        CellRecord.from_dict(data)

@@ -22,7 +22,7 @@ from harness.measure.precision import ISLAND_NOTE, UNDONE_UPCAST
 from harness.measure.rounding import noise_source, round_to
 from harness.runner.matrix import expand
 from harness.schema.axes import Cell
-from harness.schema.records import DRIFT, CellRecord, Outcome, outcome_label
+from harness.schema.records import DRIFT, CellRecord, NoteKind, Outcome, outcome_label
 from zoo.silent_bugs import PAIRS
 
 HERE = Path(__file__).name
@@ -149,8 +149,9 @@ def test_a_small_float32_island_cast_back_is_noted_not_flagged(clean_registry: N
         assert outcome_label(record) == "passes", record.flags
         if record.cell.dtype == "float32":
             continue
-        assert record.note and ISLAND_NOTE in record.note
-        assert "% of the matmul and attention FLOPs in float32, from aten::" in record.note
+        (island,) = [n.text for n in record.notes if n.kind is NoteKind.ISLAND]
+        assert island.startswith(ISLAND_NOTE)
+        assert "% of the matmul and attention FLOPs in float32, from aten::" in island
         assert record.trail is not None and record.trail.island is not None
         assert record.trail.island.share is not None and record.trail.island.share < 0.01
         assert str(record.trail.island.site.location).endswith(line_of("# the island"))

@@ -7,12 +7,12 @@ from dataclasses import replace
 
 import torch
 
-from harness.measure import flash_kernels
+from harness.measure import flash_kernels, torch_state
 from harness.measure.case import Case
 from harness.measure.errors import MAX_MESSAGE, case_root, error_fields, own_frames
 from harness.measure.trail import HARNESS_DIR
 from harness.schema.axes import Cell
-from harness.schema.records import CellRecord, CrashKind, Outcome
+from harness.schema.records import CellRecord, CrashKind, Note, NoteKind, Outcome
 
 CONTRACT_NOTE = (
     "flash-attn-contract: flash-attn 2's input contract and error messages enforced, "
@@ -20,18 +20,20 @@ CONTRACT_NOTE = (
 )
 
 
-def join_notes(*notes: str | None) -> str | None:
-    kept = [n for n in notes if n]
-    return "; ".join(kept) if kept else None
-
-
-def backend_note(cell: Cell) -> str | None:
+def backend_note(cell: Cell) -> Note | None:
     """What stood in for, or really ran as, flash-attn in a cell of a flash-attn backend."""
     if cell.backend == "flash-attn-contract":
-        return CONTRACT_NOTE
-    if cell.backend == "flash-attn":
-        return flash_kernels.backend_note(cell.device)
-    return None
+        return Note(NoteKind.BACKEND, CONTRACT_NOTE)
+    text = flash_kernels.backend_note(cell.device) if cell.backend == "flash-attn" else None
+    return Note(NoteKind.BACKEND, text) if text else None
+
+
+def changed_note(changed: list[str]) -> Note | None:
+    """A cell whose code changed torch's global settings says so: elsewhere than in its own
+    process, that change would reach every cell after it."""
+    if not changed:
+        return None
+    return Note(NoteKind.SETTINGS_CHANGED, f"the cell's code {torch_state.describe(changed)}")
 
 
 def crashed(record: CellRecord, kind: CrashKind, error: BaseException, case: Case) -> CellRecord:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from harness.measure import registry, torch_state
-from harness.measure.cell_record import join_notes
+from harness.measure.cell_record import changed_note
 from harness.measure.errors import MAX_MESSAGE, error_text
 from harness.measure.fix_run import call_fix, compiled_fix, context_for, prepared_workload
 from harness.measure.perf import perf_figures
@@ -23,7 +23,7 @@ from harness.measure.precision import output_leaves
 from harness.measure.timing import Stopwatch, measure_interleaved, stopwatch_for
 from harness.schema.axes import Cell
 from harness.schema.config import TimingConfig
-from harness.schema.records import CellRecord
+from harness.schema.records import CellRecord, Note, NoteKind
 
 NOT_RERUNNABLE = "output changed between repeated calls: the timed work is not the checked work"
 RESTORED_NOTE = "timed with torch's settings put back after each call"
@@ -93,21 +93,23 @@ def checked_call(
         return replace(record, timing_error=failure[:MAX_MESSAGE])
     if changed:
         keeping = KeepingLast(restoring(call))
-    note = join_notes(record.note, restored_note(changed, record.note))
-    return TimedCall(replace(record, note=note), keeping, device, first, estimate)
+    noted = record.noted(restored_note(changed, record.notes))
+    return TimedCall(noted, keeping, device, first, estimate)
 
 
-def rerun_note(timed: TimedCall) -> str | None:
+def rerun_note(timed: TimedCall) -> Note | None:
     """After the timed calls: whether they computed what the first call did."""
-    return None if same_output(timed.first, timed.call.last) else NOT_RERUNNABLE
+    if same_output(timed.first, timed.call.last):
+        return None
+    return Note(NoteKind.NOT_RERUNNABLE, NOT_RERUNNABLE)
 
 
-def restored_note(changed: list[str], note: str | None) -> str | None:
+def restored_note(changed: list[str], notes: tuple[Note, ...]) -> Note | None:
     if not changed:
         return None
-    changes = torch_state.describe(changed)
-    known = changes in (note or "")  # the correctness run's note already names them
-    return RESTORED_NOTE + ("" if known else f": the fix {changes}")
+    known = changed_note(changed) in notes  # the correctness run's note already names them
+    detail = "" if known else f": the fix {torch_state.describe(changed)}"
+    return Note(NoteKind.SETTINGS_RESTORED, RESTORED_NOTE + detail)
 
 
 def restoring(call: Callable[[], Any]) -> Callable[[], Any]:
@@ -138,8 +140,7 @@ def time_column(
     )
     timed = iter(
         replace(
-            c.record,
-            note=join_notes(c.record.note, rerun_note(c)),
+            c.record.noted(rerun_note(c)),
             perf=replace(
                 perf_figures(c.call, c.device, c.record.cell.dtype, timing), timing_worker=worker
             ),

@@ -17,7 +17,7 @@ from dataclasses import replace
 import torch
 
 from harness.measure import registry, torch_state
-from harness.measure.cell_record import backend_note, crashed, join_notes
+from harness.measure.cell_record import backend_note, changed_note, crashed
 from harness.measure.errors import ReferenceFailed, WorkloadFailed
 from harness.measure.fix_run import context_for, run_fix_checked
 from harness.measure.judging import classify
@@ -37,9 +37,8 @@ def run_cell(cell: Cell, worker: str | None = None, trace: bool = True) -> CellR
         cell=cell,
         torch_version=torch.__version__,
         outcome=Outcome.CRASHED,  # replaced by classify()
-        note=backend_note(cell),
         worker=worker,
-    )
+    ).noted(backend_note(cell))
     ctx = context_for(case, cell)
     changed: list[str] = []
     try:
@@ -53,17 +52,9 @@ def run_cell(cell: Cell, worker: str | None = None, trace: bool = True) -> CellR
         record = crashed(record, CrashKind.WORKLOAD_FAILED, failure.error, case)
     except Exception as error:  # the harness itself failed on this cell
         record = crashed(record, CrashKind.HARNESS, error, case)
-    return replace(
-        record,
-        duration_s=round(time.perf_counter() - started, 6),
-        note=join_notes(record.note, changed_note(changed)),
+    return replace(record, duration_s=round(time.perf_counter() - started, 6)).noted(
+        changed_note(changed)
     )
-
-
-def changed_note(changed: list[str]) -> str | None:
-    """A cell whose code changed torch's global settings says so: elsewhere than in its own
-    process, that change would reach every cell after it."""
-    return f"the cell's code {torch_state.describe(changed)}" if changed else None
 
 
 def skipped_record(cell: Cell, reason: str) -> CellRecord:

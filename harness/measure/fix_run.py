@@ -35,7 +35,7 @@ from harness.measure.precision import (
 )
 from harness.measure.trail import DtypeTracer, Names, PythonWatch, tracing, watch_python
 from harness.schema.axes import Cell
-from harness.schema.records import Flag
+from harness.schema.records import Flag, Note
 from harness.schema.trail_records import Drift, Trail
 
 #: Every cell of a case builds from the same seed, so all fixes and the reference see the
@@ -119,7 +119,7 @@ class FixRun:
     #: Warnings the fix raised (``Category: first line``), recorded on the cell.
     warnings: tuple[str, ...] = ()
     #: What the checks found worth saying but not worth a flag (a small float32 island).
-    note: str | None = None
+    note: Note | None = None
 
 
 def run_fix_checked(
@@ -181,7 +181,7 @@ def watched_call(
 
 def traced_findings(
     tracer: DtypeTracer | None, output: Any, error: BaseException | None, precision: Precision
-) -> tuple[Trail | None, Flag | None, str | None]:
+) -> tuple[Trail | None, Flag | None, Note | None]:
     """The run's dtype trail (with the float32 island it left, if any), and the drift flag
     and note of a run that did not raise."""
     trail = tracer.trail(error) if tracer is not None else None

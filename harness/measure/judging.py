@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from harness.measure.case import Case
-from harness.measure.cell_record import crashed, join_notes
+from harness.measure.cell_record import crashed
 from harness.measure.errors import case_root, error_fields
 from harness.measure.fix_run import FixRun
 from harness.measure.numerics import Yardsticks, judge_leaves, within_tolerance
@@ -26,18 +26,14 @@ from harness.measure.references import (
     workpiece,
 )
 from harness.schema.axes import CONTROL_DTYPE, Cell
-from harness.schema.records import CellRecord, CrashKind, Numerics, Outcome
+from harness.schema.records import CellRecord, CrashKind, Note, NoteKind, Numerics, Outcome
 from harness.schema.trail_records import Trail
 
 
 def classify(case: Case, cell: Cell, run: FixRun, record: CellRecord) -> CellRecord:
     """Fill in the outcome and its evidence: the error, or the figures against the reference."""
-    record = replace(
-        record,
-        flags=run.flags,
-        trail=run.trail,
-        warnings=run.warnings,
-        note=join_notes(record.note, run.note),
+    record = replace(record, flags=run.flags, trail=run.trail, warnings=run.warnings).noted(
+        run.note
     )
     if run.error is not None:
         return raised(case, run.error, record)
@@ -111,8 +107,7 @@ def judged(case: Case, cell: Cell, leaves: Leaves, record: CellRecord) -> CellRe
         numerics=worst if len(per_leaf) > 1 else replace(worst, leaf=None),
         leaves=per_leaf if len(per_leaf) > 1 else None,
         baseline_error=sticks.error,
-        note=join_notes(record.note, sticks.note),
-    )
+    ).noted(sticks.note)
 
 
 def worst_leaf(per_leaf: dict[str, Numerics]) -> Numerics:
@@ -128,7 +123,7 @@ class CellYardsticks:
     fix: Baseline
     rounding: Baseline
     names: Yardsticks
-    note: str | None = None
+    note: Note | None = None
 
     @property
     def error(self) -> str | None:
@@ -154,11 +149,8 @@ def yardsticks(case: Case, cell: Cell, piece: Workpiece, trail: Trail | None) ->
     tf32 = tf32_setting(cell, trail)
     dtype = "tf32" if tf32 else cell.dtype
     names = Yardsticks(fix_name=f"fix {case.reference_fix}", rounding_name=f"rounding to {dtype}")
-    note = (
-        f"float32 matmuls computed in TF32 ({tf32}): judged against TF32 rounding"
-        if tf32
-        else None
-    )
+    tf32_note = f"float32 matmuls computed in TF32 ({tf32}): judged against TF32 rounding"
+    note = Note(NoteKind.TF32, tf32_note) if tf32 else None
     return CellYardsticks(fix, rounding(piece, dtype, case.kept_by(cell.fix)), names, note)
 
 

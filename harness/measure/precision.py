@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from harness.schema.axes import CONTROL_MODE, MODES
-from harness.schema.records import DRIFT, Flag
+from harness.schema.records import DRIFT, Flag, Note, NoteKind
 from harness.schema.trail_records import Drift, Trail
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -308,7 +308,7 @@ UNDONE_UPCAST = "undone-upcast"
 
 def drift_flag(
     drift: Drift, output: Any, precision: Precision, trail: Trail | None
-) -> tuple[Flag | None, str | None]:
+) -> tuple[Flag | None, Note | None]:
     """The flag of a cell that ran but left its mode's promise (or None), and a note for a
     small float32 island that is not worth a flag. Leaving it is: matmul or attention
     kernels computing in a wider dtype than the cell's (kept fp32 parts aside) beyond
@@ -321,7 +321,8 @@ def drift_flag(
     wider = wider_outputs(output, precision)
     if drift.kinds and not wider and is_island(drift):
         island = drift.island.describe() if drift.island else ""
-        return None, f"{ISLAND_NOTE}: {island}, cast back to {dtype_name(precision.dtype)}"
+        text = f"{ISLAND_NOTE}: {island}, cast back to {dtype_name(precision.dtype)}"
+        return None, Note(NoteKind.ISLAND, text)
     problems = [f"{kind} computed in {'+'.join(dtypes)}" for kind, dtypes in drift.kinds.items()]
     if problems and drift.share is not None:
         problems[-1] += f" ({drift.share:.1%} of the matmul and attention FLOPs)"

@@ -169,7 +169,7 @@ def record_row(
         "error_type": record.error_type,
         "error_message": record.error_message,
         "skip_reason": record.skip_reason,
-        "note": record.note,
+        "note": record.notes_text,
         "out_dtype": record.out_dtype,
         "attn_dtype": record.attn_dtype,
         "computed_in": computed_in(record),

@@ -46,7 +46,7 @@ from harness.measure import (
 )
 from harness.schema.axes import Cell
 from harness.schema.config import Limits, TimingConfig
-from harness.schema.records import CellRecord, CrashKind, Outcome
+from harness.schema.records import CellRecord, CrashKind, Note, NoteKind, Outcome
 
 
 def limits_for(cell: Cell, limits: Limits) -> Limits:
@@ -67,7 +67,7 @@ def remember_worker_state() -> None:
     _WORKER_STATE = {**torch_state.snapshot(), "threads": 1}
 
 
-def settle_worker() -> str | None:
+def settle_worker() -> Note | None:
     """Put the worker's torch settings back as they were at its start (a case module's
     import, say, changed them); returns a note naming what had changed, or None."""
     if _WORKER_STATE is None:
@@ -76,7 +76,8 @@ def settle_worker() -> str | None:
     changed = [c for c in changed if not c.startswith("threads ")]
     if not changed:
         return None
-    return "the worker's " + torch_state.describe(changed) + " before this cell: put back"
+    text = "the worker's " + torch_state.describe(changed) + " before this cell: put back"
+    return Note(NoteKind.WORKER_SETTLED, text)
 
 
 #: (workpiece, device) -> why the process computing its reference and baselines gave no
@@ -211,7 +212,7 @@ def run_cells_isolated(
             got = stream.next(limits_of(cell).timeout_s)
             if got.failure is None:
                 record = CellRecord.from_dict(got.value)
-                yield replace(record, note=cell_record.join_notes(settled, record.note))
+                yield replace(record, notes=(settled, *record.notes)) if settled else record
                 continue
             yield failed_cell(cell, got, worker)
             for rest in cells[n + 1 :]:
@@ -416,8 +417,10 @@ def time_column_isolated(
 
 
 def alone_note(record: CellRecord) -> CellRecord:
-    note = "timed alone: another fix of its column killed the shared timing process"
-    return replace(record, note=cell_record.join_notes(record.note, note))
+    return record.noted(Note(NoteKind.TIMED_ALONE, TIMED_ALONE))
+
+
+TIMED_ALONE = "timed alone: another fix of its column killed the shared timing process"
 
 
 def remember_peaks(records: list[CellRecord]) -> None:

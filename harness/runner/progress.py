@@ -19,7 +19,7 @@ def progress_label(record: CellRecord) -> str:
 def timing_label(record: CellRecord) -> str:
     perf = record.perf
     if perf is None:
-        return f"not timed: {record.timing_error or record.note}"
+        return f"not timed: {record.timing_error or record.notes_text}"
     noisy = " noisy" if perf.time_noisy else ""
     return (
         f"{perf.time_median_s * 1e3:.3f} ms (IQR {perf.time_iqr_s / perf.time_median_s:.1%},"

@@ -20,7 +20,9 @@ from harness.schema.typed import as_mapping, as_tuple, built, check_fields, mism
 #: Bumped whenever a record's fields change meaning; readers refuse newer versions.
 #: 3: numerics name their yardsticks (``rounding_rel_err``, ``decided_by``, ``factor``;
 #: ``baseline_rel_err`` is a different fix's error only) and flags carry a ``share``.
-SCHEMA_VERSION = 3
+#: 4: a record's notes are a list of ``{"kind", "text"}`` (``notes``), not one text joined
+#: with ``"; "`` (``note``).
+SCHEMA_VERSION = 4
 
 
 class Outcome(str, Enum):
@@ -48,6 +50,39 @@ class CrashKind(str, Enum):
     CONTRACT = "contract"
     #: The harness itself failed on this cell.
     HARNESS = "harness"
+
+
+class NoteKind(str, Enum):
+    """What a note on a record is about: code that looks for a note asks for its kind."""
+
+    #: What stood in for, or really ran as, flash-attn in a cell of a flash-attn backend.
+    BACKEND = "backend"
+    #: The worker's torch settings had changed before the cell (a case module's import,
+    #: say) and were put back.
+    WORKER_SETTLED = "worker-settled"
+    #: The cell's code changed torch's global settings.
+    SETTINGS_CHANGED = "settings-changed"
+    #: A float32 island too small to flag (see ``harness.measure.precision``).
+    ISLAND = "island"
+    #: Float32 matmuls computed in TF32: the cell was judged against TF32 rounding.
+    TF32 = "tf32"
+    #: Timed with torch's settings put back after each call.
+    SETTINGS_RESTORED = "settings-restored"
+    #: The timed calls computed something else than the first call.
+    NOT_RERUNNABLE = "not-rerunnable"
+    #: Timed alone: another fix of its column killed the timing process they shared.
+    TIMED_ALONE = "timed-alone"
+    #: The notes of a record of schema 3 or older, stored joined in one text: their kinds
+    #: were not recorded (and a note's own text may hold ``"; "``, so they are not split).
+    JOINED = "joined"
+
+
+@dataclass(frozen=True)
+class Note:
+    """Something worth saying about a cell that is neither its outcome nor a flag."""
+
+    kind: NoteKind
+    text: str
 
 
 #: The flag of a cell that ran but left its mode's promise (see :mod:`harness.measure.precision`).
@@ -157,6 +192,7 @@ TYPED_FIELDS = (
     "flags",
     "error_frames",
     "warnings",
+    "notes",
     "leaves",
     "crash_kind",
     "trail",
@@ -201,7 +237,8 @@ class CellRecord:
     skip_reason: str | None = None
     #: The plain low-precision baseline failed: the tolerance fell back to the dtype's eps.
     baseline_error: str | None = None
-    note: str | None = None
+    #: What is worth saying about the cell besides its outcome and flags, in the order said.
+    notes: tuple[Note, ...] = ()
     duration_s: float | None = None
     worker: str | None = None
     perf: Perf | None = None
@@ -217,6 +254,16 @@ class CellRecord:
     #: ``failure_site`` and ``compute_dtypes`` in the JSON object).
     trail: Trail | None = None
 
+    @property
+    def notes_text(self) -> str | None:
+        """The notes as one line (``"; "`` between them), as views print them."""
+        return "; ".join(note.text for note in self.notes) or None
+
+    def noted(self, *notes: Note | None) -> CellRecord:
+        """This record with ``notes`` (those not None) after its own."""
+        added = tuple(note for note in notes if note is not None)
+        return dataclasses.replace(self, notes=self.notes + added) if added else self
+
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"schema_version": SCHEMA_VERSION, **self.cell.to_dict()}
         for f in dataclasses.fields(self):
@@ -231,6 +278,8 @@ class CellRecord:
                 data[f.name] = [dataclasses.asdict(flag) for flag in value]
             elif f.name in ("error_frames", "warnings"):
                 data[f.name] = list(value)
+            elif f.name == "notes":
+                data[f.name] = [{"kind": n.kind.value, "text": n.text} for n in value]
             elif f.name == "leaves":
                 data[f.name] = (
                     {k: dataclasses.asdict(v) for k, v in value.items()} if value else None
@@ -252,6 +301,8 @@ class CellRecord:
             )
         if version < 2:
             data = migrate_v1(data)
+        if version < 4:
+            data = migrate_v3(data)
         nested: dict[str, Any] = {
             name: built(kind, taken(field_names(kind), data))
             if data.get(marker) is not None
@@ -269,6 +320,7 @@ class CellRecord:
             ),
             error_frames=as_tuple(data.get("error_frames"), "error_frames"),
             warnings=as_tuple(data.get("warnings"), "warnings"),
+            notes=tuple(note_from(n) for n in as_tuple(data.get("notes"), "notes")),
             leaves={
                 k: Numerics(**as_mapping(v, f"leaves[{k!r}]"))
                 for k, v in as_mapping(leaves, "leaves").items()
@@ -292,7 +344,7 @@ V1_CRASH_KINDS = {
 
 
 def migrate_v1(data: dict[str, Any]) -> dict[str, Any]:
-    """Schema 1 kept a timing failure in ``note`` and a crash's kind in ``error_type``."""
+    """Schema 1 stored a timing failure in ``note`` and a crash's kind in ``error_type``."""
     data = dict(data)
     if not isinstance(data.get("note") or "", str):
         raise TypeError(mismatch("note", str | None, data["note"]))
@@ -305,6 +357,25 @@ def migrate_v1(data: dict[str, Any]) -> dict[str, Any]:
         kind = V1_CRASH_KINDS.get(str(data.get("error_type")))
         data["crash_kind"] = kind.value if kind else None
     return data
+
+
+def migrate_v3(data: dict[str, Any]) -> dict[str, Any]:
+    """Schema 3 and older stored a record's notes as one text joined with ``"; "``: it
+    becomes one note of kind ``joined``, word for word."""
+    data = dict(data)
+    note = data.pop("note", None)
+    if not isinstance(note or "", str):
+        raise TypeError(mismatch("note", str | None, note))
+    data["notes"] = [{"kind": NoteKind.JOINED.value, "text": note}] if note else []
+    return data
+
+
+def note_from(data: Any) -> Note:
+    """A note from its JSON object (``TypeError`` or ``ValueError`` naming what is wrong)."""
+    fields = as_mapping(data, "notes")
+    if set(fields) != {"kind", "text"}:
+        raise TypeError(f"notes: expected an object of kind and text, got {sorted(fields)}")
+    return Note(NoteKind(fields["kind"]), fields["text"])
 
 
 @dataclass(frozen=True)
