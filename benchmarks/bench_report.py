@@ -79,12 +79,12 @@ def cut_run(source: Path, folder: Path, cells: int, timed: bool) -> int:
         (folder / name).write_text((source / name).read_text())
     lines = (source / storage.CELLS_FILE).read_text().splitlines(keepends=True)
     if not timed:
-        kept = lines[:cells]
+        chosen_lines = lines[:cells]
     else:
         ids = [record.cell.id for record in storage.read_record_lines(source)]
         chosen = set(list(dict.fromkeys(ids))[:cells])
-        kept = [line for line, cell in zip(lines, ids, strict=True) if cell in chosen]
-    (folder / storage.CELLS_FILE).write_text("".join(kept))
+        chosen_lines = [line for line, cell in zip(lines, ids, strict=True) if cell in chosen]
+    (folder / storage.CELLS_FILE).write_text("".join(chosen_lines))
     return len(storage.read_records(folder))
 
 

@@ -113,7 +113,7 @@ def test_a_run_with_planned_cells_unrecorded_names_them_and_fails(
 def test_torch_settings_are_named_and_put_back() -> None:
     before = torch_state.snapshot()
     found: list[str] = []
-    with torch_state.kept(found):
+    with torch_state.restored(found):
         torch.set_default_dtype(torch.float64)
         torch._C._set_mkldnn_enabled(False)  # torch.backends.mkldnn.enabled = False
     assert torch.get_default_dtype() == torch.float32 and torch.backends.mkldnn.enabled

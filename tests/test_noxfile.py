@@ -55,8 +55,8 @@ def test_pip_settings_become_uv_variables(nf: ModuleType) -> None:
         "UV_INDEX_STRATEGY": "unsafe-best-match",
     }
     # what the user set for uv stays
-    kept = nf.uv_settings(pip, {"UV_FIND_LINKS": "/mine", "UV_INDEX_STRATEGY": "first-index"})
-    assert "UV_FIND_LINKS" not in kept and "UV_INDEX_STRATEGY" not in kept
+    settings = nf.uv_settings(pip, {"UV_FIND_LINKS": "/mine", "UV_INDEX_STRATEGY": "first-index"})
+    assert "UV_FIND_LINKS" not in settings and "UV_INDEX_STRATEGY" not in settings
 
 
 def test_pip_config_list_is_read_with_environment_settings_winning(

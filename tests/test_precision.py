@@ -252,9 +252,9 @@ def test_the_authoring_api_is_importable_from_harness() -> None:
 def test_a_call_whose_output_changes_between_calls_is_noted(contract_registry: None) -> None:
     record = run("toy-training-step", "as-dict", "bfloat16", "half")
     calls = itertools.count()
-    keeping = cell_timing.KeepingLast(lambda: torch.tensor(float(next(calls))))
-    keeping()
-    timed = cell_timing.TimedCall(record, keeping, torch.device("cpu"), keeping.last, 0.0)
-    keeping()  # a timed call that computes something else: a counter, a growing cache
+    repeated = cell_timing.RepeatedCall(lambda: torch.tensor(float(next(calls))))
+    repeated()
+    timed = cell_timing.TimedCall(record, repeated, torch.device("cpu"), repeated.last, 0.0)
+    repeated()  # a timed call that computes something else: a counter, a growing cache
     rerun = Note(NoteKind.NOT_RERUNNABLE, cell_timing.NOT_RERUNNABLE)
     assert cell_timing.rerun_note(timed) == rerun

@@ -1,7 +1,7 @@
 """Every process-global cache of computed values, in one registry, cleared by one ``reset``.
 
 A value that is costly to compute and the same for the rest of the process (a case's float64
-reference, the torch settings this build can read, an op's name) is kept in a cache made
+reference, the torch settings this build can read, an op's name) is held in a cache made
 here: ``keyed`` for a dict the code fills itself (references arrive from a forked child,
 not from a call), ``cache`` and ``lru_cache`` for a function's results, as functools'
 decorators of the same names. Each registers under its qualified name as its module is

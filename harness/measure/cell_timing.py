@@ -50,8 +50,8 @@ def same_output(first: Any, second: Any) -> bool:
     )
 
 
-class KeepingLast:
-    """The call, keeping its latest output: the timed calls' last output is compared with
+class RepeatedCall:
+    """The call, holding its latest output: the timed calls' last output is compared with
     the first call's, so no further call is spent on the check."""
 
     def __init__(self, call: Callable[[], Any]) -> None:
@@ -65,7 +65,7 @@ class KeepingLast:
 @dataclass(frozen=True)
 class TimedCall:
     record: CellRecord
-    call: KeepingLast
+    call: RepeatedCall
     device: torch.device
     #: The first call's output, and its per-call time where it sizes the blocks.
     first: Any
@@ -81,20 +81,20 @@ def checked_call(
     after every call, so the fixes timed beside it run as they would alone."""
     changed: list[str] = []
     try:
-        with torch_state.kept(changed):
+        with torch_state.restored(changed):
             call, device = prepare_call(record.cell)
-            keeping = KeepingLast(call)
-            estimate = stopwatch.time_block(keeping, 1)
-            first = keeping.last
+            repeated = RepeatedCall(call)
+            estimate = stopwatch.time_block(repeated, 1)
+            first = repeated.last
             if estimate < min_block_s:
-                estimate = stopwatch.time_block(keeping, 1)
+                estimate = stopwatch.time_block(repeated, 1)
     except Exception as error:
         failure = f"{type(error).__name__}: {error_text(error)}"
         return replace(record, timing_error=failure[:MAX_MESSAGE])
     if changed:
-        keeping = KeepingLast(restoring(call))
+        repeated = RepeatedCall(restoring(call))
     noted = record.noted(restored_note(changed, record.notes))
-    return TimedCall(noted, keeping, device, first, estimate)
+    return TimedCall(noted, repeated, device, first, estimate)
 
 
 def rerun_note(timed: TimedCall) -> Note | None:

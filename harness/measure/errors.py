@@ -1,4 +1,4 @@
-"""A failure in words: the text, type and innermost own frames of an error, as a record keeps
+"""A failure in words: the text, type and innermost own frames of an error, as a record holds
 them, and the exceptions that say which part of a case's code failed before a cell could be
 judged."""
 
@@ -11,9 +11,9 @@ from typing import Any
 from harness.measure.case import Case
 from harness.measure.trail import shown_path
 
-#: The longest error message a record keeps.
+#: The longest error message a record holds.
 MAX_MESSAGE = 4000
-#: How many of the case's own frames a failure keeps (the innermost ones).
+#: How many of the case's own frames a failure shows (the innermost ones).
 MAX_FRAMES = 3
 
 

@@ -42,7 +42,7 @@ def run_cell(cell: Cell, worker: str | None = None, trace: bool = True) -> CellR
     ctx = context_for(case, cell)
     changed: list[str] = []
     try:
-        with torch_state.kept(changed):
+        with torch_state.restored(changed):
             run = run_fix_checked(case, cell.fix, ctx, trace, cell.compile)
         record = replace(record, attn_dtype=ctx.observation.summary())
         record = classify(case, cell, run, record)

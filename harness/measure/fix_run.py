@@ -1,5 +1,5 @@
 """Running a fix: build the workload, apply the cell's precision, call the fix once under the
-dtype tracer, and check that the precision took and the run kept the mode's promise.
+dtype tracer, and check that the precision took and the run did what the mode promised.
 
 What the harness guarantees a fix (the contract in ``docs/writing-a-case.md``): the RNG is
 seeded before ``build``; the workload arrives with the cell's device and precision; the
@@ -41,7 +41,7 @@ from harness.schema.trail_records import Drift, Trail
 #: Every cell of a case builds from the same seed, so all fixes and the reference see the
 #: same weights and inputs.
 SEED = 0
-#: At most this many distinct warnings are kept per cell, each cut to its first line.
+#: At most this many distinct warnings are recorded per cell, each cut to its first line.
 MAX_WARNINGS = 5
 
 
@@ -131,7 +131,7 @@ def run_fix_checked(
     workload: Workload | None = None,
 ) -> FixRun:
     """Build, apply the precision, call the fix once under the dtype tracer; then check that
-    the precision took and that the computation kept the mode's promise. A compiled run is
+    the precision took and that the computation did what the mode promised. A compiled run is
     neither traced nor watched (both would see Dynamo's work, not the model's). ``workload``
     is one already prepared (the rounding yardstick's)."""
     keep = case.kept_by(fix)

@@ -2,7 +2,7 @@
 
 Measuring the peak (a large square GEMM) costs about a second per device and dtype, in
 every timing process of every run. The figure belongs to the machine, not the run: it is
-kept in a cache file with the date it was measured, keyed by host, device model, dtype,
+stored in a cache file with the date it was measured, keyed by host, device model, dtype,
 torch release and thread count, and reused for ``AMPMATRIX_PEAK_MAX_AGE_DAYS`` (default 30).
 Set ``AMPMATRIX_CACHE_DIR`` to move the cache (default ``$XDG_CACHE_HOME/ampmatrix``).
 """

@@ -178,7 +178,7 @@ def square_gemm(n: int, device: torch.device, dtype: torch.dtype) -> Callable[[]
 
 def perf_figures(fn: Callable[[], Any], device: torch.device, dtype: str, timing: Timing) -> Perf:
     """The timing of ``fn`` with its FLOPs, throughput and peak memory on ``device``, and on
-    CUDA the time its kernels kept the device busy."""
+    CUDA the time its kernels occupied the device."""
     flops, memory, memory_method = flops_and_memory(fn, device)
     peak, measured_at = peak_matmul_gflops(str(device), dtype)
     record = perf_record(timing, flops, memory, memory_method, peak, measured_at)
@@ -189,7 +189,7 @@ def perf_figures(fn: Callable[[], Any], device: torch.device, dtype: str, timing
 
 
 #: Calls whose kernels are profiled for the device time: about DEVICE_TIME_BUDGET_S of
-#: them, within these bounds (the profiler keeps an event per kernel).
+#: them, within these bounds (the profiler records an event per kernel).
 DEVICE_TIME_CALLS = (3, 100)
 DEVICE_TIME_BUDGET_S = 0.05
 

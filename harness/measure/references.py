@@ -1,7 +1,7 @@
 """What every cell of a case at one size is judged against, computed once per process: the
 float64 reference, the trusted fix's error in a low-precision dtype (the baseline) and the
 rounding yardstick; and their serialisation, so a runner computes them in a forked child
-and keeps them in the worker that forks the cells (see ``harness.runner.isolation``).
+and holds them in the worker that forks the cells (see ``harness.runner.isolation``).
 """
 
 from __future__ import annotations
@@ -236,7 +236,7 @@ def shared_figures(piece: Workpiece, device: str) -> bytes | None:
 
 
 def remember_shared(piece: Workpiece, device: str, data: bytes) -> None:
-    """Keep what ``shared_figures`` computed in another process."""
+    """Hold what ``shared_figures`` computed in another process."""
     loaded = torch.load(io.BytesIO(data), weights_only=True)
     _REFERENCES[piece] = loaded["reference"]
     for dtype, figures in loaded["baselines"].items():

@@ -1,4 +1,4 @@
-"""Timing one operation: warm-up, blocks of calls, adaptive repetition, raw samples kept.
+"""Timing one operation: warm-up, blocks of calls, adaptive repetition, raw samples recorded.
 
 The method follows ``torch.utils.benchmark.Timer.blocked_autorange``: one *sample* is a
 block of calls long enough to dwarf the clock's resolution, and the figure is the median

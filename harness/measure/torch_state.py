@@ -2,7 +2,7 @@
 
 A fix that enables autocast globally, sets the default dtype, turns mkldnn off or changes
 the thread count would change every cell computed after it in the same process. Forked
-cell processes already keep a fix's changes to itself in the correctness phase; the timing
+cell processes already confine a fix's changes to itself in the correctness phase; the timing
 phase calls several fixes in one process, and the worker computes nothing of a case's own.
 ``snapshot`` / ``restore`` / ``changes`` let each place check that the settings it started
 with are the settings it has, name what changed, and put them back.
@@ -167,7 +167,7 @@ def restore(state: State) -> list[str]:
 
 
 @contextmanager
-def kept(found: list[str]) -> Iterator[None]:
+def restored(found: list[str]) -> Iterator[None]:
     """Run a block and put torch's global settings back afterwards; what the block had
     changed is appended to ``found``."""
     state = snapshot()

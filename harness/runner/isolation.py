@@ -1,6 +1,6 @@
 """Each cell in a process of its own: a crash, a hang or a memory blow-up costs only that cell.
 
-Children are forked from the worker (as pytest-forked does), which keeps everything a cell
+Children are forked from the worker (as pytest-forked does), which has everything a cell
 needs loaded and warm: the case modules, and the float64 reference and low-precision
 baselines of each case, computed once per case, size and device (every dtype) in a forked
 child of their own (on the cells' thread count) and handed back, so a reference fix that
@@ -193,7 +193,7 @@ def run_cells_isolated(
     trace: bool = True,
 ) -> Generator[CellRecord, None, None]:
     """Run cells of one case in order, all in one forked child, each record coming back as
-    its cell ends: one fork instead of one per cell. Each cell keeps its own time limit.
+    its cell ends: one fork instead of one per cell. Each cell has its own time limit.
     When a cell kills the child or overruns, it is recorded as such and every cell after it
     runs in a child of its own (``run_cell_isolated``)."""
     settled = settle_worker()
@@ -371,13 +371,14 @@ def timed_columns(
     columns: list[Column], config: TimingConfig, worker: str, limits: Limits, threads: int
 ) -> Iterator[list[CellRecord]]:
     """Each column's records as it ends (``time_columns_isolated``); where the harness
-    itself failed, the columns left keep their correctness records, with why timing failed."""
+    itself failed, the columns left stand with their correctness records and why timing
+    failed."""
     done = 0
     try:
         for timed in time_columns_isolated(columns, config, worker, limits, threads):
             done += 1
             yield timed
-    except Exception as error:  # keep each correctness record, say why timing failed
+    except Exception as error:  # each correctness record stands: say why timing failed
         failure = f"{type(error).__name__}: {error}"[: errors.MAX_MESSAGE]
         for column in columns[done:]:
             yield [replace(r, timing_error=failure) for r in column]
@@ -424,7 +425,7 @@ TIMED_ALONE = "timed alone: another fix of its column killed the shared timing p
 
 
 def remember_peaks(records: list[CellRecord]) -> None:
-    """The device peaks a child measured, kept in this process so later children (forked
+    """The device peaks a child measured, held in this process so later children (forked
     from it) reuse them instead of measuring the large GEMM again."""
     for record in records:
         if record.perf and record.perf.peak_gflops:
