@@ -23,7 +23,7 @@ projects that do not use it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -135,7 +135,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize(CELL_ARG, params)
 
 
-def cell_id(cell: Cell, cells: list[Cell]) -> str:
+def cell_id(cell: Cell, cells: Sequence[Cell]) -> str:
     """The axes that vary among the cells: ``float16-half``, ``cuda:0-bfloat16-autocast``."""
     from harness.schema.axes import axes_of
 
@@ -145,7 +145,7 @@ def cell_id(cell: Cell, cells: list[Cell]) -> str:
 
 
 def run_model_cell(spec: ModelTest, cell: Cell) -> None:
-    """Run the cell, keep its record where asked, and pass, xfail or fail the test."""
+    """Run the cell, store its record where asked, and pass, xfail or fail the test."""
     from harness.measure import execute
 
     record = execute.run_cell(cell)

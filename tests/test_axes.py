@@ -82,9 +82,9 @@ def test_a_toy_axis_shows_in_the_flags() -> None:
 
 def test_a_toy_axis_shows_in_the_selection() -> None:
     selection = Selection.over(TOY_AXES, {"flavours": ("spicy",)})
-    assert selection.keeps(spiced("spicy"))
-    assert not selection.keeps(spiced("plain"))
-    assert Selection.over(TOY_AXES, {}).keeps(spiced("plain"))
+    assert selection.selects(spiced("spicy"))
+    assert not selection.selects(spiced("plain"))
+    assert Selection.over(TOY_AXES, {}).selects(spiced("plain"))
     with pytest.raises(TypeError, match="no axis flavours"):
         Selection(flavours=("spicy",))
 

@@ -31,7 +31,7 @@ def test_fp32_control_runs_only_the_upstream_path(toy: list[Case]) -> None:
     assert [(c.fix, c.dtype) for c in fp32] == [("none", "float32")]
 
 
-def test_cuda_cells_are_kept_as_skipped_when_no_gpu(
+def test_cuda_cells_are_recorded_as_skipped_when_no_gpu(
     toy: list[Case], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(matrix, "cuda_devices", lambda: [])

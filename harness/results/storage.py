@@ -3,7 +3,7 @@
 
 Each record is appended as one line with a single write under an exclusive lock, then
 flushed and fsynced, so parallel workers never interleave partial lines and a killed run
-keeps every cell that finished.
+still has every cell that finished.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def checked_cases(text: str) -> tuple[dict[str, CaseInfo], tuple[str, ...]]:
 
 
 class RecordNotWritten(ResultsError):
-    """A record could not be written whole (the disk is full, say); none of it was kept."""
+    """A record could not be written whole (the disk is full, say); none of it was written."""
 
 
 def append_record(run_dir: Path, record: CellRecord) -> None:
@@ -277,10 +277,10 @@ def drop_partial_last_line(run_dir: Path) -> str | None:
     data = path.read_bytes()
     if not data or data.endswith(b"\n"):
         return None
-    keep = data.rfind(b"\n") + 1
+    whole = data.rfind(b"\n") + 1
     with path.open("r+b") as f:
-        f.truncate(keep)
-    return data[keep:].decode(errors="replace")
+        f.truncate(whole)
+    return data[whole:].decode(errors="replace")
 
 
 @contextmanager

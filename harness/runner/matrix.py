@@ -1,8 +1,8 @@
 """Matrix expansion: from each case's declared axes to concrete cells, then selection.
 
 Expansion follows what each case declares; the environment decides which cells can run.
-A cell that cannot run here is kept, with the reason, so the results say what was not
-covered and why.
+A cell that cannot run here is recorded as skipped, with the reason, so the results say
+what was not covered and why.
 """
 
 from __future__ import annotations
@@ -97,11 +97,11 @@ def expand(cases: Iterable[Case], selection: Selection = Selection()) -> Plan:
     """Expand, select, and split into cells to run and cells skipped (with reasons)."""
     plan = Plan()
     for case in cases:
-        if not AXIS["case"].keeps(selection["cases"], case.name):
+        if not AXIS["case"].selects(selection["cases"], case.name):
             continue
         devices = concrete_devices(case, selection["devices"])
         for cell in case_cells(case, devices, selection["sizes"]):
-            if not selection.keeps(cell):
+            if not selection.selects(cell):
                 continue
             reason = skip_reason(case, cell)
             if reason:

@@ -118,8 +118,8 @@ class Axis:
         kind, colon, _ = value.partition(":")
         return (value, kind) if colon and kind in self.indexed else (value,)
 
-    def keeps(self, wanted: tuple[str, ...], value: str) -> bool:
-        """Whether a selection of ``wanted`` (empty: every value) keeps ``value``."""
+    def selects(self, wanted: tuple[str, ...], value: str) -> bool:
+        """Whether a selection of ``wanted`` (empty: every value) selects ``value``."""
         if not wanted or (self.requests and not set(wanted).isdisjoint(self.requests)):
             return True
         return any(name in wanted for name in self.aliases(value))

@@ -26,7 +26,7 @@ class TimingConfig:
     min_samples: int = 7
     #: Timed calls per function at the least, whatever the budget: a cell also spends about
     #: three calls' time untimed (its warm-up, and its FLOP and memory count, which runs
-    #: slower than a plain call), and 20 timed calls keep that near a seventh of its time.
+    #: slower than a plain call), and 20 timed calls hold that near a seventh of its time.
     min_calls: int = 20
     max_samples: int = 500
     #: Stop once IQR / median falls under this.

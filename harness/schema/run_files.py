@@ -250,7 +250,7 @@ class RunPlan:
     started: its configuration, its cells, and the cells skipped here with why."""
 
     FILE: ClassVar[str] = "run-plan.json"
-    #: 1: no version key (the oldest kept the configuration's parts at the top level).
+    #: 1: no version key (the oldest held the configuration's parts at the top level).
     #: 2: the version key; ``config``, ``cells``, ``skipped``.
     VERSION: ClassVar[int] = 2
 
@@ -297,7 +297,7 @@ class RunPlan:
 
 
 def stored_config(data: dict[str, Any], version: int) -> RunConfig:
-    """A plan's configuration (the oldest plans kept its parts at the top level), its
+    """A plan's configuration (the oldest plans held its parts at the top level), its
     problems named from the plan's top."""
     if "config" not in data and version == 1:
         return RunConfig.from_dict(data)

@@ -1,7 +1,7 @@
-"""Which cells of the matrix a run keeps: the ``--case``, ``--dtype``, ... flags as data.
+"""Which cells of the matrix a run selects: the ``--case``, ``--dtype``, ... flags as data.
 
 A selection holds, for each axis of the table (:data:`harness.schema.axes.AXES`), the
-names asked for under the axis's plural (``dtypes``); an axis with none keeps every value.
+names asked for under the axis's plural (``dtypes``); an axis with none selects every value.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class Declares(Protocol):
 
 
 class Selection:
-    """Which values of each axis to keep; an axis given no values keeps every value."""
+    """Which values of each axis to run; an axis given no values selects every value."""
 
     __slots__ = ("_axes", "_wanted")
 
@@ -56,9 +56,10 @@ class Selection:
     def replace(self, **wanted: Iterable[str]) -> Selection:
         return Selection.over(self._axes, {**self._wanted, **wanted})
 
-    def keeps(self, cell: Cell) -> bool:
+    def selects(self, cell: Cell) -> bool:
+        wanted = self._wanted
         return all(
-            spec.keeps(self._wanted[spec.plural], getattr(cell, spec.name)) for spec in self._axes
+            spec.selects(wanted[spec.plural], getattr(cell, spec.name)) for spec in self._axes
         )
 
     def to_dict(self) -> dict[str, list[str]]:
@@ -88,7 +89,7 @@ def check_selection(cases: Sequence[Any], selection: Selection) -> None:
     the cases chosen), where it is the axis's control, or where any selection may use it."""
     first, *rest = selection._axes
     check_names(first, selection[first.plural], choices(first, cases))
-    chosen = [c for c in cases if first.keeps(selection[first.plural], c.name)]
+    chosen = [c for c in cases if first.selects(selection[first.plural], c.name)]
     for spec in rest:
         check_names(spec, selection[spec.plural], choices(spec, chosen))
 
