@@ -30,7 +30,15 @@ def import_caching_modules() -> None:
 
 def function_fillers() -> dict[str, Callable[[], Any]]:
     """A call that puts an entry in each cached function's cache."""
-    from harness.measure import environment, flash_kernels, kernels, perf, torch_state, trail
+    from harness.measure import (
+        environment,
+        flash_kernels,
+        kernels,
+        perf,
+        source_sites,
+        torch_state,
+        trail,
+    )
 
     mm = torch.ops.aten.mm.default
     fillers: dict[Callable[..., Any], Callable[[], Any]] = {
@@ -40,7 +48,7 @@ def function_fillers() -> dict[str, Callable[[], Any]]:
         kernels.short_name: lambda: kernels.short_name(mm),
         kernels.kernel_kind: lambda: kernels.kernel_kind(mm),
         trail.warm_up: trail.warm_up,
-        trail.calls_in: lambda: trail.calls_in(__file__),
+        source_sites.calls_in: lambda: source_sites.calls_in(__file__),
         environment.module_available: lambda: environment.module_available("json"),
         perf.warm_up: perf.warm_up,
     }

@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from harness.measure.kernels import ATTENTION, MATMUL, kernel_kind
 from harness.measure.observe import CoreObservation, record_core_dtypes
-from harness.measure.trail import DtypeTracer, Names, PythonWatch, tracing, watch_python
+from harness.measure.python_watch import PythonWatch, watch_python
+from harness.measure.trail import DtypeTracer, Names, tracing
 
 
 def core_work() -> None:

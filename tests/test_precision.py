@@ -19,8 +19,8 @@ from harness.measure.precision import (
     leftover_precision,
     output_leaves,
 )
+from harness.measure.python_watch import PythonWatch, watch_python
 from harness.measure.timing import ClockStopwatch
-from harness.measure.trail import PythonWatch, watch_python
 from harness.results import storage
 from harness.schema.axes import Cell
 from harness.schema.records import (

@@ -10,7 +10,7 @@ import torch
 from harness.measure import flash_kernels, torch_state
 from harness.measure.case import Case
 from harness.measure.errors import MAX_MESSAGE, case_root, error_fields, own_frames
-from harness.measure.trail import HARNESS_DIR
+from harness.measure.source_sites import HARNESS_DIR
 from harness.schema.axes import Cell
 from harness.schema.records import CellRecord, CrashKind, Note, NoteKind, Outcome
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.measure.case import Case
-from harness.measure.trail import shown_path
+from harness.measure.source_sites import shown_path
 
 #: The longest error message a record holds.
 MAX_MESSAGE = 4000

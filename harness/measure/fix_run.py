@@ -33,7 +33,8 @@ from harness.measure.precision import (
     split_kept,
     undone_upcast_flag,
 )
-from harness.measure.trail import DtypeTracer, Names, PythonWatch, tracing, watch_python
+from harness.measure.python_watch import PythonWatch, watch_python
+from harness.measure.trail import DtypeTracer, Names, tracing
 from harness.schema.axes import Cell
 from harness.schema.records import Flag, Note
 from harness.schema.trail_records import Drift, Trail

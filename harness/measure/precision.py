@@ -16,7 +16,7 @@ an autocast cell in which no torch op ran with autocast on, and a cell that shou
 whose model holds floating parameters or buffers in another dtype after the fix ran.
 
 Autocast is witnessed with a Python profile hook
-(:func:`harness.measure.trail.watch_python`), which leaves torch's dispatch untouched.
+(:func:`harness.measure.python_watch.watch_python`), which leaves torch's dispatch untouched.
 """
 
 from __future__ import annotations
