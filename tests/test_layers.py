@@ -8,7 +8,9 @@ level or inside a function), so a lazy import that reaches up a layer fails here
 from __future__ import annotations
 
 import ast
+import importlib
 import json
+import pkgutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -155,3 +157,20 @@ def test_no_read_side_module_imports_torch() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) is None, "this module imports torch"
+
+
+@pytest.mark.parametrize("package", sorted(set(LAYERS) - {"plugin"}))
+def test_each_package_serves_its_surface_from_its_modules(package: str) -> None:
+    """Every name of a layer's ``SURFACE`` is the object its module defines, and no name
+    is also a module of the package (which, once imported, would shadow it)."""
+    module = importlib.import_module(f"harness.{package}")
+    surface: dict[str, str] = getattr(module, "SURFACE", {})
+    if package != "cli":
+        assert surface, f"harness.{package} declares no public surface"
+    submodules = {m.name for m in pkgutil.iter_modules(module.__path__)}
+    for name, source in surface.items():
+        assert name not in submodules
+        assert getattr(module, name) is getattr(
+            importlib.import_module(f"harness.{package}.{source}"), name
+        )
+    assert sorted(surface) == sorted(getattr(module, "__all__", []))

@@ -1,0 +1,28 @@
+"""The HTML report, ``compare`` and the Markdown summary: pure functions of results files
+(pandas, jinja2, matplotlib; never torch).
+
+Its public surface is below, each name loaded from its module on first use; see
+``docs/architecture.md`` for the layers.
+"""
+
+from harness.schema.surface import lazy_surface
+
+SURFACE = {
+    "load_run": "aggregate",
+    "load_runs_for_report": "aggregate",
+    "render_report": "render",
+    "write_report": "render",
+    "compare_runs": "compare",
+    "render_comparison": "compare",
+    "render_markdown": "markdown",
+}
+__all__ = [
+    "compare_runs",
+    "load_run",
+    "load_runs_for_report",
+    "render_comparison",
+    "render_markdown",
+    "render_report",
+    "write_report",
+]
+__getattr__ = lazy_surface(__name__, SURFACE)
