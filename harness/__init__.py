@@ -9,8 +9,9 @@ The names load on first use, so ``harness.report`` (which never imports torch) s
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from harness.schema.surface import lazy_surface
 
 if TYPE_CHECKING:
     from harness.measure.case import (
@@ -25,18 +26,20 @@ if TYPE_CHECKING:
     from harness.measure.registry import register
     from harness.plugin import check_model
 
+#: The names a case author imports, by the package that serves them (the case API from
+#: ``harness.measure``'s surface, the pytest decorator from the plugin).
 AUTHORING_API = {
-    "Case": "harness.measure.case",
-    "FailureSignature": "harness.measure.case",
-    "RunContext": "harness.measure.case",
-    "Size": "harness.measure.case",
-    "Upstream": "harness.measure.case",
-    "Workload": "harness.measure.case",
-    "fix": "harness.measure.case",
-    "register": "harness.measure.registry",
-    "check_model": "harness.plugin",
+    "Case": "measure",
+    "FailureSignature": "measure",
+    "RunContext": "measure",
+    "Size": "measure",
+    "Upstream": "measure",
+    "Workload": "measure",
+    "fix": "measure",
+    "register": "measure",
+    "check_model": "plugin",
 }
-
+# written out (not derived) so that type checkers see the names imported above as exported
 __all__ = [
     "Case",
     "FailureSignature",
@@ -48,9 +51,4 @@ __all__ = [
     "fix",
     "register",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    if name in AUTHORING_API:
-        return getattr(importlib.import_module(AUTHORING_API[name]), name)
-    raise AttributeError(f"module 'harness' has no attribute {name!r}")
+__getattr__ = lazy_surface(__name__, AUTHORING_API)

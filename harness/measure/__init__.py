@@ -1,4 +1,4 @@
-"""Measuring one cell in this process (torch): the case API, putting a cell"s precision on
+"""Measuring one cell in this process (torch): the case API, putting a cell's precision on
 a workload, the dtype trail, the float64 reference and the tolerance rule, timing and
 figures, and the process-global caches with their one reset.
 
@@ -21,17 +21,5 @@ SURFACE = {
     "measure": "timing",
     "reset": "caches",
 }
-__all__ = [
-    "Case",
-    "FailureSignature",
-    "RunContext",
-    "Size",
-    "Upstream",
-    "Workload",
-    "fix",
-    "measure",
-    "register",
-    "reset",
-    "run_cell",
-]
+__all__ = sorted(SURFACE)
 __getattr__ = lazy_surface(__name__, SURFACE)

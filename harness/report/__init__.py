@@ -16,13 +16,5 @@ SURFACE = {
     "render_comparison": "compare",
     "render_markdown": "markdown",
 }
-__all__ = [
-    "compare_runs",
-    "load_run",
-    "load_runs_for_report",
-    "render_comparison",
-    "render_markdown",
-    "render_report",
-    "write_report",
-]
+__all__ = sorted(SURFACE)
 __getattr__ = lazy_surface(__name__, SURFACE)

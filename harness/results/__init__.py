@@ -1,5 +1,5 @@
 """Reading and summarising results, with no torch: the run folder on disk, the terminal
-summary, speed ratios and ranks, what a cell"s compute ran in, outcomes across torch
+summary, speed ratios and ranks, what a cell's compute ran in, outcomes across torch
 releases and the release bisect.
 
 Its public surface is below, each name loaded from its module on first use; see
@@ -18,14 +18,5 @@ SURFACE = {
     "render_bisect": "versions",
     "ReleaseSearch": "search",
 }
-__all__ = [
-    "ComputedIn",
-    "ReleaseSearch",
-    "ResultsError",
-    "append_record",
-    "read_records",
-    "render_bisect",
-    "render_summary",
-    "speed_ratios",
-]
+__all__ = sorted(SURFACE)
 __getattr__ = lazy_surface(__name__, SURFACE)

@@ -13,9 +13,5 @@ SURFACE = {
     "Plan": "matrix",
     "expand": "matrix",
 }
-__all__ = [
-    "Plan",
-    "expand",
-    "resume",
-]
+__all__ = sorted(SURFACE)
 __getattr__ = lazy_surface(__name__, SURFACE)

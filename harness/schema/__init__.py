@@ -1,5 +1,5 @@
-"""The data every layer shares, with no torch: the axis table (``Cell``"s fields), the
-records a cell leaves, the run"s configuration and selection, and the files of a run
+"""The data every layer shares, with no torch: the axis table (``Cell``'s fields), the
+records a cell leaves, the run's configuration and selection, and the files of a run
 folder, each declared once.
 
 Its public surface is below, each name loaded from its module on first use; see
@@ -32,28 +32,5 @@ SURFACE = {
     "Environment": "run_files",
     "RunPlan": "run_files",
 }
-__all__ = [
-    "AXES",
-    "SCHEMA_VERSION",
-    "Axis",
-    "CaseList",
-    "Cell",
-    "CellRecord",
-    "Column",
-    "CrashKind",
-    "Environment",
-    "Flag",
-    "Limits",
-    "Numerics",
-    "Outcome",
-    "Perf",
-    "RunConfig",
-    "RunPlan",
-    "Selection",
-    "SelectionError",
-    "TimingConfig",
-    "Trail",
-    "check_selection",
-    "outcome_label",
-]
+__all__ = sorted(SURFACE)
 __getattr__ = lazy_surface(__name__, SURFACE)
