@@ -124,18 +124,19 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
-def harness_commit() -> str | None:
+def command_output(argv: list[str]) -> str | None:
+    """A command's output, stripped; None where it cannot run, fails or says nothing."""
     try:
-        out = subprocess.run(
-            ["git", "-C", str(PROJECT_ROOT), "describe", "--always", "--dirty", "--abbrev=40"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        )
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=True)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None
+
+
+def harness_commit() -> str | None:
+    return command_output(
+        ["git", "-C", str(PROJECT_ROOT), "describe", "--always", "--dirty", "--abbrev=40"]
+    )
 
 
 def cpu_name() -> str:
@@ -206,14 +207,5 @@ def capture_environment(command: list[str]) -> Environment:
 def _nvidia_driver() -> str | None:
     if not torch.cuda.is_available():
         return None
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
+    out = command_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    return out.splitlines()[0] if out else None
