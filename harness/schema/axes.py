@@ -219,7 +219,7 @@ class Cell:
     def from_dict(cls, data: dict[str, Any]) -> Cell:
         """A cell from its fields (records written before an axis read as its default)."""
         data = as_mapping(data, "cell")
-        given = [data.get(name, default) for name, default in cell_defaults(cls)]
+        given: list[Any] = [data.get(axis.name, axis.default) for axis in axes_of(cls)]
         if {str}.issuperset(map(type, given)) and all(given):  # every name given, non-empty
             return cls(*given)
         values = {}
@@ -257,14 +257,6 @@ def axis_id(cell: Any, axes: tuple[Axis, ...]) -> str:
         elif value != spec.default:
             parts.append(f"{spec.name}={value}" if spec.named_in_id else value)
     return f"{getattr(cell, first.name)}[{','.join(parts)}]"
-
-
-def cell_defaults(cell_type: type[Cell] = Cell) -> tuple[tuple[str, Any], ...]:
-    """Each field of a cell with its default (``dataclasses.MISSING`` where it has none)."""
-    return tuple(
-        (axis.name, dataclasses.MISSING if axis.default is None else axis.default)
-        for axis in axes_of(cell_type)
-    )
 
 
 #: The axis table: every axis of the matrix, in the order of a cell's fields.
