@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from harness.schema.axes import AXES, Axis, Cell
 
@@ -21,7 +21,8 @@ class Declares(Protocol):
     """What validating a selection reads of a case: its name and the values it declares
     on each axis (``case.dtypes``, ``case.fixes``, ...)."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
 
 class Selection:
@@ -83,7 +84,7 @@ class Selection:
         return f"Selection({asked})"
 
 
-def check_selection(cases: Sequence[Any], selection: Selection) -> None:
+def check_selection(cases: Sequence[Declares], selection: Selection) -> None:
     """Refuse names that match nothing, suggesting the closest valid ones. A name is known
     where a case declares it (the first axis, cases, among all cases; every other axis among
     the cases chosen), where it is the axis's control, or where any selection may use it."""
@@ -94,7 +95,7 @@ def check_selection(cases: Sequence[Any], selection: Selection) -> None:
         check_names(spec, selection[spec.plural], choices(spec, chosen))
 
 
-def choices(spec: Axis, cases: Sequence[Any]) -> list[str]:
+def choices(spec: Axis, cases: Sequence[Declares]) -> list[str]:
     declared: set[str] = set()
     for case in cases:
         values = getattr(case, spec.declared_as or spec.plural)
