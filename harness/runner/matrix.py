@@ -47,7 +47,7 @@ def concrete_devices(case: Case, requested: Sequence[str]) -> list[str]:
             devices.append(kind)
     if not requested or "all" in requested:
         return devices
-    wanted = [d for d in devices if d in requested or d.split(":")[0] in requested]
+    wanted = [d for d in devices if AXIS["device"].selects(tuple(requested), d)]
     return wanted + [
         d
         for d in requested
