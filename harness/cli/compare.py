@@ -1,5 +1,6 @@
-"""``compare``: outcome and speed changes from one run (or results folder) to another; a
-regression exits 1, for CI."""
+"""``compare``: outcome and speed changes from one run (or results folder) to another; for
+CI, a regression exits 1, and cells of BASE that HEAD has no record of exit 3 (a run that
+broke must not pass its own gate) unless ``--allow-missing``."""
 
 from __future__ import annotations
 
@@ -7,15 +8,26 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.cli.options import positive_float
-from harness.cli.output import existing_run_dir, warn
+from harness.cli.output import INCOMPLETE, existing_run_dir, warn
 from harness.results.speed import ALPHA, MIN_RATIO
+
+if TYPE_CHECKING:  # imported when used: it brings in pandas
+    from harness.report.compare import Missing
 
 HELP = (
     "outcome and speed changes from BASE to HEAD (two runs, or two results folders: "
-    "then each torch version's newest run is compared with the same version's)"
+    "then each torch version's newest run is compared with the same version's); exits 1 "
+    "on a regression, 3 when HEAD has no record of cells BASE has"
 )
+
+#: The exit code of a regression.
+REGRESSED = 1
+#: The exit code of a HEAD without a record of cells BASE has: the cells a run left
+#: without a record exit with the same code.
+MISSING = INCOMPLETE
 
 
 def fill(compare: argparse.ArgumentParser) -> None:
@@ -33,16 +45,25 @@ def fill(compare: argparse.ArgumentParser) -> None:
         default=ALPHA,
         help=f"significance level of the Mann-Whitney U test (default {ALPHA})",
     )
+    compare.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help=(
+            f"pass when HEAD has no record of cells BASE has (a smaller selection on purpose); "
+            f"without it they are named and the command exits {MISSING}"
+        ),
+    )
 
 
 def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from harness.report.aggregate import load_run
-    from harness.report.compare import compare_runs, pair_runs, render_comparison
+    from harness.report.compare import Missing, compare_runs, pair_runs, render_comparison
 
     pairing = pair_runs(existing_run_dir(args.base), existing_run_dir(args.head))
     for line in pairing.left_out:
         print(f"ampmatrix: {line}", file=sys.stderr)
-    if not pairing.pairs:
+    missing = [unpaired_cells(base_dir, args.head) for base_dir in pairing.unpaired_bases]
+    if not pairing.pairs and not any(m.cells for m in missing):
         print(
             f"ampmatrix: no run of {args.head} has a run of the same environment (torch "
             f"release, host and GPUs) in {args.base}: nothing to compare",
@@ -56,4 +77,31 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         comparison = compare_runs(base, head, args.min_ratio, args.alpha)
         print(render_comparison(comparison))
         regressions += len(comparison.regressions)
-    return 1 if regressions else 0
+        missing.append(Missing(base_dir, head_dir, comparison.only_in_base))
+    return gate(regressions, [m for m in missing if m.cells], args.allow_missing)
+
+
+def unpaired_cells(base_dir: Path, head: Path) -> Missing:
+    """Every cell of a BASE run whose environment has no run in HEAD."""
+    from harness.report.aggregate import load_run
+    from harness.report.compare import Missing
+
+    base = load_run(base_dir)
+    warn(base.problems)
+    return Missing(base_dir, head, sorted(record.cell for record in base.records))
+
+
+def gate(regressions: int, missing: Sequence[Missing], allow_missing: bool) -> int:
+    """The exit code, once every missing cell is named: a regression first, then cells of
+    BASE that HEAD has no record of (unless allowed)."""
+    for cells in missing:
+        if allow_missing:
+            print(f"ampmatrix: {cells.describe()} (allowed by --allow-missing)", file=sys.stderr)
+        else:
+            print(
+                f"ampmatrix: error: {cells.describe()} (--allow-missing accepts it)",
+                file=sys.stderr,
+            )
+    if regressions:
+        return REGRESSED
+    return MISSING if missing and not allow_missing else 0

@@ -9,6 +9,7 @@ that the test cannot confirm is reported as ambiguous.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from harness.schema.records import CellRecord, Outcome, outcome_label
 from harness.schema.run_files import Environment
 
 NOT_OK = (Outcome.RAISES, Outcome.INACCURATE, Outcome.CRASHED, Outcome.TIMEOUT)
+#: How many missing cells a message names before "... and K more".
+NAMED_MISSING = 10
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,30 @@ class Comparison:
     @property
     def regressions(self) -> list[Change]:
         return [c for c in self.changes if c.verdict == "regression"]
+
+
+@dataclass(frozen=True)
+class Missing:
+    """Cells of a BASE run that HEAD has no record of: its paired HEAD run lacks them, or
+    HEAD has no run of the BASE run's environment at all (``head`` is then HEAD itself).
+    A gate that let these pass would pass a nightly whose run broke."""
+
+    base: Path
+    head: Path
+    cells: list[Cell]
+
+    def describe(self, named: int = NAMED_MISSING) -> str:
+        return (
+            f"{len(self.cells)} cells of {self.base} have no record in {self.head}: "
+            + first_names([cell.id for cell in self.cells], named)
+        )
+
+
+def first_names(names: Sequence[str], named: int) -> str:
+    """``a, b, c ... and 7 more``: the first ``named`` of ``names``, and how many follow."""
+    shown = ", ".join(names[:named])
+    more = len(names) - named
+    return f"{shown} ... and {more} more" if more > 0 else shown
 
 
 def outcome_verdict(base: CellRecord, head: CellRecord) -> str | None:
@@ -128,6 +155,8 @@ class Pairing:
 
     pairs: list[tuple[Path, Path]] = field(default_factory=list)
     left_out: list[str] = field(default_factory=list)
+    #: Runs of BASE whose environment has no run in HEAD: every cell of theirs is missing.
+    unpaired_bases: list[Path] = field(default_factory=list)
 
 
 def environment_key(env: Environment) -> EnvironmentKey:
@@ -172,6 +201,8 @@ def pair_runs(base: Path, head: Path) -> Pairing:
     )
     if is_run_dir(base) or is_run_dir(head):
         pairing.pairs = [(b, h) for b in bases.values() for h in heads.values()]
+        if not heads:
+            pairing.unpaired_bases = list(bases.values())
         return pairing
     for key in sorted(heads.keys() | bases.keys()):
         if key in heads and key in bases:
@@ -180,6 +211,7 @@ def pair_runs(base: Path, head: Path) -> Pairing:
             pairing.left_out.append(f"{heads[key]}: no run of {describe_key(key)} in {base}")
         else:
             pairing.left_out.append(f"{bases[key]}: no run of {describe_key(key)} in {head}")
+            pairing.unpaired_bases.append(bases[key])
     return pairing
 
 
@@ -206,11 +238,7 @@ def render_comparison(comparison: Comparison) -> str:
         ("only in head", comparison.only_in_head),
     ):
         if cells:
-            lines.append(
-                f"  {len(cells)} cells {label}: "
-                + ", ".join(c.id for c in cells[:5])
-                + (" ..." if len(cells) > 5 else "")
-            )
+            lines.append(f"  {len(cells)} cells {label}: " + first_names([c.id for c in cells], 5))
     counts = {
         v: sum(c.verdict == v for c in comparison.changes)
         for v in ("regression", "improvement", "changed", "ambiguous")
