@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from harness.cli import bisect, check, compare, listing, report, run
+from harness.cli import bisect, check, compare, listing, output, report, run
 from harness.results import storage
 
 
@@ -86,6 +86,12 @@ def user_errors() -> tuple[type[Exception], ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Runs a command; what it prints shows text from outside inert (``inert_streams``)."""
+    with output.inert_streams():
+        return run_command(argv)
+
+
+def run_command(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     try:

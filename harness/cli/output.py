@@ -1,14 +1,51 @@
 """What the commands print: a finished run's summary and paths, the cells a run left
-without a record, reading problems."""
+without a record, reading problems; and the streams they print to, which show text from
+outside inert."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, TextIO
 
 from harness.results import storage
 from harness.schema.axes import Cell
+from harness.schema.text import terminal_safe
+
+
+class InertWriter:
+    """A text stream that writes ``terminal_safe`` text to the stream it wraps: a control
+    character in a case name, an error message or a folder name is shown escaped, never
+    acted on by the terminal. The harness's own output has none (newline and tab pass)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(terminal_safe(text))
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, encoding, ...
+        return getattr(self.stream, name)
+
+
+@contextmanager
+def inert_streams() -> Iterator[None]:
+    """``sys.stdout`` and ``sys.stderr`` wrapped in an ``InertWriter`` while a command
+    runs: every line any part of the harness prints (progress, summaries, ``compare``,
+    ``bisect``, warnings, errors) in one place, and those added later too."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = InertWriter(saved[0]), InertWriter(saved[1])
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
 
 
 def existing_run_dir(path: Path) -> Path:

@@ -11,11 +11,15 @@ import pandas as pd
 from harness.report import aggregate
 from harness.report.aggregate import Run
 from harness.schema.records import LABELS
+from harness.schema.text import markdown_safe
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A table whose cells (names and values from the runs) each show as plain text on
+    their row: no line break, cell break, link, image, tag or code span from the data."""
+
     def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+        return "| " + " | ".join(markdown_safe(str(c)) for c in cells) + " |"
 
     return [line(header), line(["---"] * len(header)), *(line(r) for r in rows)]
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import pandas as pd
 
@@ -509,26 +509,26 @@ def write_index(folder: Path) -> Path:
         key=lambda p: p.stat().st_mtime,
         reverse=True,
     )
-    html = (
-        template_environment()
-        .from_string(INDEX_TEMPLATE)
-        .render(
-            reports=[
-                (
-                    p.name,
-                    datetime.fromtimestamp(p.stat().st_mtime, timezone.utc).strftime(
-                        "%Y-%m-%d %H:%M UTC"
-                    ),
-                )
-                for p in reports
-            ]
-        )
-    )
+    entries = [(relative_href(p.name), p.name, modified_at(p)) for p in reports]
+    html = template_environment().from_string(INDEX_TEMPLATE).render(reports=entries)
     index = folder / "index.html"
     if index.exists() and not made_by_ampmatrix(index):
         return index  # someone else's index.html: left as it is
     storage.write_atomic(index, html)
     return index
+
+
+def relative_href(name: str) -> str:
+    """A link to the file ``name`` beside the page: ``./`` and URL-quoted, so that no part
+    of a file's name (a run folder's) is read as a scheme (``javascript:``), a query or a
+    fragment."""
+    return "./" + quote(name, safe="")
+
+
+def modified_at(path: Path) -> str:
+    return datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).strftime(
+        "%Y-%m-%d %H:%M UTC"
+    )
 
 
 #: In the head of every HTML file the harness writes: what it may write over again.
@@ -552,6 +552,6 @@ INDEX_TEMPLATE = """<!DOCTYPE html>
 <meta name="generator" content="ampmatrix"><title>ampmatrix reports</title>
 <style>body{font:14px system-ui,sans-serif;margin:2em}li{margin:.3em 0}</style></head>
 <body><h1>ampmatrix reports</h1><p>Newest first.</p><ul>
-{% for name, when in reports %}<li><a href="{{ name }}">{{ name }}</a> ({{ when }})</li>
+{% for href, name, when in reports %}<li><a href="{{ href }}">{{ name }}</a> ({{ when }})</li>
 {% endfor %}</ul></body></html>
 """
