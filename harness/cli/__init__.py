@@ -74,6 +74,7 @@ RUN_ERRORS = (
     ("harness.measure.registry", "CaseContractError"),
     ("harness.schema.selection", "SelectionError"),
     ("harness.measure.model_case", "ModelCheckError"),
+    ("harness.measure.import_probe", "ImportTimeoutError"),
 )
 
 

@@ -36,14 +36,14 @@ def fill(check: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """``run`` over the models the targets build: same pipeline, results and report."""
-    from harness.measure.model_case import target_name
+    from harness.measure.model_case import target_names
     from harness.runner.run import run
 
-    names = tuple(target_name(t) for t in args.targets)
+    names = target_names(args.targets)
     config = replace(
         config_from(args, argv),
-        selection=selection_from(args).replace(cases=names),
-        models=tuple(args.targets),
+        selection=selection_from(args).replace(cases=tuple(names.values())),
+        models=tuple(names),
         models_path=str(Path.cwd()),
         keep_fp32=tuple(split_values(args.keep_fp32)),
     )

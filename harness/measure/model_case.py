@@ -22,13 +22,16 @@ import importlib
 import inspect
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from pathlib import Path
+from types import ModuleType
 from typing import Any, ClassVar
 
 import torch
 
-from harness.measure import registry
+from harness.measure import import_probe, registry
 from harness.measure.case import Case, RunContext, Upstream, Workload, fix
 from harness.schema.axes import CONTROL_MODE, DEVICE_KINDS, MODEL_AXES
 from harness.schema.config import RunConfig
@@ -142,6 +145,8 @@ class ModelCase(Case):
     """A model from a factory: its one fix, ``none``, calls the model as it is."""
 
     factory: ClassVar[Factory]
+    #: The ``MODULE:FACTORY`` that named it (``check``), or empty (the pytest plugin).
+    target: ClassVar[str] = ""
     reference_fix = "none"
     failure = None
     has_known_failure = False
@@ -157,8 +162,11 @@ class ModelCase(Case):
         return call_model(w.model, w.inputs)
 
 
-def model_case(name: str, factory: Factory, matrix: Matrix, source_file: str) -> Case:
-    """A case for the model ``factory`` builds, over the cells ``matrix`` asks for."""
+def model_case(
+    name: str, factory: Factory, matrix: Matrix, source_file: str, target: str = ""
+) -> Case:
+    """A case for the model ``factory`` builds, over the cells ``matrix`` asks for;
+    ``target`` is the ``MODULE:FACTORY`` it was named by, where ``check`` named it."""
     modes = tuple(dict.fromkeys((*matrix["modes"], CONTROL_MODE)))
     attributes = {
         "name": name,
@@ -171,6 +179,7 @@ def model_case(name: str, factory: Factory, matrix: Matrix, source_file: str) ->
         "modes": modes,
         "keep_fp32": matrix.keep_fp32,
         "source_file": source_file,
+        "target": target,
     }
     cls = type(f"ModelCase_{name.replace('-', '_')}", (ModelCase,), attributes)
     return registry.add_model_case(cls())
@@ -184,37 +193,93 @@ def split_target(target: str) -> tuple[str, str]:
     return module_name, attribute
 
 
-def target_name(target: str) -> str:
-    """The case name of a target: its factory's name (``models:build_block`` ->
-    ``build-block``)."""
-    return case_name(split_target(target)[1])
+def target_names(targets: Sequence[str]) -> dict[str, str]:
+    """The case name of each target: its factory's name (``models:build_block`` ->
+    ``build-block``), or, where two targets' factories share a name, the module's and the
+    factory's (``dup_a:build`` -> ``dup-a-build``), so no two models share a cell id. Two
+    targets that would still share a name are a ``ModelCheckError``."""
+    unique = list(dict.fromkeys(targets))
+    short = {target: case_name(split_target(target)[1]) for target in unique}
+    counts = Counter(short.values())
+    names = {
+        target: name if counts[name] == 1 else case_name(target.replace(":", "-"))
+        for target, name in short.items()
+    }
+    by_name: dict[str, str] = {}
+    for target, name in names.items():
+        if name in by_name:
+            raise ModelCheckError(
+                f"{by_name[name]} and {target} would both be checked as {name!r}: "
+                "rename one factory"
+            )
+        by_name[name] = target
+    return names
 
 
 def load_target(target: str, path: str = "") -> tuple[Factory, str]:
     """The factory named by ``MODULE:FACTORY`` (importable from ``path``, the folder
-    ``check`` ran in, too) and the file it is defined in."""
+    ``check`` ran in, too) and the file it is defined in. The module is first imported in
+    a forked child (``import_probe``), so one that exits, crashes or hangs as it is imported
+    is one line; torch settings it changes as it is imported are put back."""
     module_name, attribute = split_target(target)
     folder = path or str(Path.cwd())
     if folder not in sys.path:
         sys.path.insert(0, folder)
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as error:
-        raise ModelCheckError(f"{target}: cannot import {module_name}: {error!r}") from error
+    if module_name not in sys.modules:
+        fatal = import_probe.first_fatal([lambda: importlib.import_module(module_name)])
+        if fatal is not None:
+            raise ModelCheckError(f"{target}: {module_name} {fatal.how}")
+    module = import_target_module(target, module_name)
     factory = getattr(module, attribute, None)
     if not callable(factory):
         raise ModelCheckError(f"{target}: {module_name} has no function {attribute!r}")
-    return factory, str(Path(inspect.getfile(factory)).resolve())
+    return factory, factory_file(factory, module)
 
 
-def target_case(target: str, matrix: Matrix, path: str = "") -> Case:
-    """The case of ``MODULE:FACTORY`` (registered once per process)."""
-    name = target_name(target)
+def import_target_module(target: str, module_name: str) -> ModuleType:
+    """The target's module, imported with torch's settings put back after it; an exit or an
+    error it raises as it is imported is a ``ModelCheckError``."""
+    try:
+        return registry.import_confined(module_name, lambda: importlib.import_module(module_name))
+    except KeyboardInterrupt:
+        raise
+    except SystemExit as error:
+        raise ModelCheckError(
+            f"{target}: {module_name} called sys.exit({error.code!r})"
+        ) from error
+    except BaseException as error:
+        raise ModelCheckError(f"{target}: cannot import {module_name}: {error!r}") from error
+
+
+def factory_file(factory: Factory, module: ModuleType) -> str:
+    """The file a factory is defined in; for one that has none of its own (a
+    ``functools.partial``, a callable object, a builtin), the file of the module it was
+    named in."""
+    try:
+        return str(Path(inspect.getfile(inspect.unwrap(factory))).resolve())
+    except TypeError:
+        pass
+    wrapped = getattr(factory, "func", None)  # functools.partial
+    if wrapped is not None and wrapped is not factory:
+        with suppress(TypeError):
+            return str(Path(inspect.getfile(wrapped)).resolve())
+    own = getattr(module, "__file__", None)
+    return str(Path(own).resolve()) if own else module.__name__
+
+
+def target_case(target: str, name: str, matrix: Matrix, path: str = "") -> Case:
+    """The case of ``MODULE:FACTORY`` named ``name`` (registered once per process); a case
+    of that name registered for anything else is a ``ModelCheckError``."""
     found = registry.find(name)
     if found is not None:
+        if getattr(found, "target", None) != target:
+            raise ModelCheckError(
+                f"{target}: the name {name!r} is already a case of this run "
+                f"({getattr(found, 'target', None) or found.source_file})"
+            )
         return found
     factory, source = load_target(target, path)
-    return model_case(name, factory, matrix, source)
+    return model_case(name, factory, matrix, source, target)
 
 
 def matrix_of(selection: Selection, keep_fp32: tuple[str, ...]) -> Matrix:
@@ -247,8 +312,9 @@ def registered_models(config: RunConfig) -> list[Case]:
     return [
         target_case(
             target,
+            name,
             matrix_of(config.selection, keep_for(target, config.keep_fp32)),
             config.models_path,
         )
-        for target in config.models
+        for target, name in target_names(config.models).items()
     ]

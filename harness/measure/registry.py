@@ -6,16 +6,15 @@ import copy
 import hashlib
 import importlib
 import importlib.util
-import os
 import re
 import sys
-from collections.abc import Iterable
-from contextlib import suppress
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import TypeVar
 
+from harness.measure import import_probe, torch_state
 from harness.measure.case import Case, Size
 from harness.schema.axes import AXES, SIZES, SMALL_SIZE, Axis
 
@@ -26,8 +25,13 @@ BUILTIN_CASES_DIR = Path(__file__).resolve().parents[2] / "cases"
 _REGISTRY: dict[str, Case] = {}
 #: The module object each case was registered from.
 _MODULES: dict[str, ModuleType] = {}
+#: What importing a module of the run (a case module, a model ``check`` names) changed of
+#: torch's global settings, by the module's file: each change was put back at once, so no
+#: cell starts from it, and the run reports it once.
+_IMPORT_CHANGES: dict[str, tuple[str, ...]] = {}
 
 C = TypeVar("C", bound=type[Case])
+T = TypeVar("T")
 
 
 class CaseContractError(Exception):
@@ -182,6 +186,26 @@ def clear() -> None:
     """Empty the registry (tests use this)."""
     _REGISTRY.clear()
     _MODULES.clear()
+    _IMPORT_CHANGES.clear()
+
+
+def import_confined(path: str, load: Callable[[], T]) -> T:
+    """``load()`` (the import of the run's module ``path``), with torch's global settings put
+    back as they were before it: a module that sets the default dtype or the matmul precision
+    as it is imported (a training script's often does) changes no cell's baseline. What it
+    changed is remembered for the run to report (``import_changes``)."""
+    changed: list[str] = []
+    with torch_state.restored(changed):
+        loaded = load()
+    if changed:
+        _IMPORT_CHANGES[path] = tuple(changed)
+    return loaded
+
+
+def import_changes() -> dict[str, tuple[str, ...]]:
+    """What each module of the run changed of torch's global settings as it was imported
+    (and was put back), by file."""
+    return dict(_IMPORT_CHANGES)
 
 
 @dataclass(frozen=True)
@@ -196,7 +220,9 @@ def discover(extra_dirs: Iterable[Path] = (), probe: bool = False) -> Discovery:
 
     Each module must register exactly one case; a module that does not is a contract error.
     With ``probe``, each module of an extra folder is first imported in a forked process, so
-    one that ends the process it is imported into (``os._exit``) is named, not fatal.
+    one that ends the process it is imported into (``os._exit``), crashes it or hangs is
+    named, not fatal. Whatever a module changes of torch's global settings as it is imported
+    is put back (``import_confined``).
     """
     modules: dict[str, tuple[str, ...]] = {}
     folders: list[Path] = []
@@ -239,7 +265,7 @@ def _import_case_module(path: Path) -> tuple[str, ...]:
             return registered
         del sys.modules[module_name]  # imported before the registry was cleared: run it again
     try:
-        _load_module(module_name, path)
+        import_confined(str(path), lambda: _load_module(module_name, path))
     except CaseContractError:
         raise
     except SystemExit as error:  # a module must not end the run it is imported into
@@ -254,29 +280,14 @@ def _import_case_module(path: Path) -> tuple[str, ...]:
 
 
 def probe_imports(paths: list[Path]) -> None:
-    """Import a folder's case modules in one forked child first, in order, the child
-    reporting each module it survived; raise CaseContractError naming the module whose
-    import ended the child (errors the imports raise are reported by the real imports)."""
+    """Import a folder's case modules in one forked child first, in order, within a time
+    limit; raise CaseContractError naming the module whose import ended the child or
+    outlived the limit (errors the imports raise are reported by the real imports)."""
     todo = [p for p in paths if _module_name_for(p) not in sys.modules]
-    if not todo:
-        return
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: import each, say it survived, leave without cleanup
-        os.close(read)
-        for number, path in enumerate(todo):
-            with suppress(BaseException):
-                _load_module(_module_name_for(path), path)
-            os.write(write, number.to_bytes(4, "big"))
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        survived = len(pipe.read()) // 4
-    _, status = os.waitpid(pid, 0)
-    if survived < len(todo):
-        code = os.waitstatus_to_exitcode(status)
-        how = f"exit code {code}" if code >= 0 else f"signal {-code}"
-        raise CaseContractError(f"{todo[survived]}: ended the process importing it ({how})")
+    steps = [lambda path=path: _load_module(_module_name_for(path), path) for path in todo]
+    fatal = import_probe.first_fatal(steps)
+    if fatal is not None:
+        raise CaseContractError(f"{todo[fatal.step]}: {fatal.how}")
 
 
 def _module_name_for(path: Path) -> str:

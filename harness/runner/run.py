@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from harness.measure import execute, model_case, registry
+from harness.measure import execute, model_case, registry, torch_state
 from harness.measure.case import Case
 from harness.measure.environment import capture_environment, now_iso
 from harness.measure.registry import CaseContractError
@@ -53,6 +54,7 @@ def run_cases(config: RunConfig) -> list[Case]:
 
 def plan_run(config: RunConfig) -> Plan:
     cases = run_cases(config)
+    report_import_changes(registry.import_changes())
     check_selection(cases, config.selection)
     plan = expand(cases, config.selection)
     if not plan.total:
@@ -62,7 +64,11 @@ def plan_run(config: RunConfig) -> Plan:
 
 def start_run_dir(config: RunConfig) -> Path:
     run_dir = storage.create_run_dir(config.results_root, storage.new_run_id(torch.__version__))
-    storage.write_env(run_dir, capture_environment(list(config.command)))
+    env = capture_environment(list(config.command))
+    changed = registry.import_changes()
+    if changed:
+        env = replace(env, import_changes={path: list(c) for path, c in changed.items()})
+    storage.write_env(run_dir, env)
     storage.write_cases(run_dir, [case.metadata() for case in registry.all_cases()])
     return run_dir
 
@@ -70,6 +76,18 @@ def start_run_dir(config: RunConfig) -> Path:
 def record_skipped(run_dir: Path, plan: Plan) -> None:
     for cell, reason in plan.skipped:
         storage.append_record(run_dir, execute.skipped_record(cell, reason))
+
+
+def report_import_changes(changed: dict[str, tuple[str, ...]]) -> None:
+    """Say once what the run's modules changed of torch's settings as they were imported:
+    put back at once, so every cell starts from torch's own settings (env.json keeps it)."""
+    for path, changes in changed.items():
+        print(
+            f"ampmatrix: warning: {path} {torch_state.describe(list(changes))} as it was "
+            "imported: put back, no cell starts from them",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def write_plan(run_dir: Path, name: str, **items: Any) -> Path:

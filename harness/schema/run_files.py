@@ -105,6 +105,9 @@ class Environment:
     )
     packages: dict[str, str | None] | None = field(default=None, metadata=ALWAYS_SHOWN)
     flags: dict[str, Any] | None = field(default=None, metadata=ALWAYS_SHOWN)
+    #: What importing the run's case or model modules changed of torch's global settings,
+    #: by module: each change was put back before any cell ran (``flags`` is torch's own).
+    import_changes: dict[str, list[str]] | None = field(default=None, metadata=SHOWN_IF_KNOWN)
     #: The timing settings (null: correctness only, or a run that did not finish).
     timing: dict[str, Any] | None = field(default=None, metadata=ALWAYS_SHOWN)
     python: str | None = field(default=None, metadata=ALWAYS_SHOWN)
