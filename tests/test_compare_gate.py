@@ -3,6 +3,7 @@ BASE with no record in HEAD fails it (exit 3, the cells named) unless ``--allow-
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from dataclasses import replace
@@ -13,6 +14,7 @@ import pytest
 from harness import cli
 from harness.report.compare import NAMED_MISSING
 from harness.results import storage
+from harness.schema.records import CellRecord
 
 DATA = Path(__file__).parent / "data" / "runs"
 NEW = DATA / "torch-2.13.0"
@@ -133,3 +135,25 @@ def test_the_help_of_compare_documents_allow_missing(capsys: pytest.CaptureFixtu
     with pytest.raises(SystemExit):
         cli.main(["compare", "--help"])
     assert "--allow-missing" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("median", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_median_that_is_no_positive_finite_time_is_no_speed_change(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], median: float
+) -> None:
+    """A damaged or hand-made record's median (0 s divided by) compares nothing, in
+    either direction, and the rest of the runs still do."""
+    base, head = run_keeping(tmp_path / "base", None), run_keeping(tmp_path / "head", None)
+    cells = base / storage.CELLS_FILE
+    lines = cells.read_text().splitlines()
+    timed = next(i for i, line in enumerate(lines) if '"time_median_s": null' not in line)
+    record = json.loads(lines[timed])
+    record["time_median_s"] = median
+    lines[timed] = json.dumps(record)
+    cells.write_text("".join(f"{line}\n" for line in lines))
+    cell = CellRecord.from_dict(record).cell.id
+    for args in ((base, head), (head, base)):
+        code, out, err = compare(capsys, *args)
+        assert code == 0, err
+        assert not [line for line in out.splitlines() if cell in line and " speed " in line]
+        assert "0 regression" in out

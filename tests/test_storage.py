@@ -15,6 +15,7 @@ from harness.schema.records import (
     CellRecord,
     CrashKind,
     Flag,
+    MalformedRecord,
     Note,
     NoteKind,
     Numerics,
@@ -195,5 +196,5 @@ def test_a_note_of_an_unknown_kind_is_refused() -> None:
     with pytest.raises(ValueError, match="gossip"):
         CellRecord.from_dict(data)
     data = dict(RECORDS[1].to_dict(), notes=["a bare text"])
-    with pytest.raises(TypeError, match="notes"):
+    with pytest.raises(MalformedRecord, match="notes"):
         CellRecord.from_dict(data)

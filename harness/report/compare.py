@@ -9,6 +9,7 @@ that the test cannot confirm is reported as ambiguous.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +97,8 @@ def speed_change(
 ) -> Change | None:
     if base.perf is None or head.perf is None:
         return None
+    if not (is_time(base.perf.time_median_s) and is_time(head.perf.time_median_s)):
+        return None  # a damaged or hand-made record: no speed to compare
     ratio = head.perf.time_median_s / base.perf.time_median_s
     if 1 / min_ratio < ratio < min_ratio:
         return None
@@ -115,6 +118,11 @@ def speed_change(
         f"{head.perf.time_median_s * 1e3:.4g} ms ({ratio:.2f}x, p={p_value:.2g})",
         verdict,
     )
+
+
+def is_time(seconds: float) -> bool:
+    """A median a speed ratio can be taken of: positive and finite."""
+    return 0 < seconds < math.inf
 
 
 def compare_runs(

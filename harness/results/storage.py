@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from harness.schema.config import RunConfig
 from harness.schema.records import CellRecord
 from harness.schema.run_files import CaseInfo, CaseList, Environment, RunPlan
+from harness.schema.typed import MAX_DEPTH, deeper_than
 
 ENV_FILE = Environment.FILE
 CASES_FILE = CaseList.FILE
@@ -33,6 +34,15 @@ PLAN_FILE = "plan.json"
 RUN_PLAN_FILE = RunPlan.FILE
 TIMING_PLAN_FILE = "timing-plan.json"
 PLAN_FILES = (PLAN_FILE, TIMING_PLAN_FILE)
+
+
+#: The most bytes ``env.json``, ``cases.json`` or ``run-plan.json`` may hold: a run plan of
+#: 100,000 cells takes about 20 MB. A larger file is refused, not read into memory.
+MAX_FILE_BYTES = 256 * 2**20
+#: The most bytes a line of ``cells.jsonl`` may hold: a record, its timing samples and a
+#: 4,000-character error message included, takes a few kB. A longer line is a problem of
+#: its own, not parsed.
+MAX_LINE_BYTES = 16 * 2**20
 
 
 class ResultsError(Exception):
@@ -83,14 +93,45 @@ def write_json_atomic(path: Path, data: Any) -> None:
     write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def read_json(path: Path, missing: str) -> Any:
-    """A file of the run folder as JSON; ``missing``: what a missing file means."""
+def read_json(path: Path, missing: str, max_depth: int | None = None) -> Any:
+    """A file of the run folder as JSON; ``missing``: what a missing file means. A file
+    that cannot be read, is over ``MAX_FILE_BYTES``, is not JSON, or (given ``max_depth``)
+    nests deeper than that raises ResultsError naming it."""
     try:
-        return json.loads(path.read_text())
+        data = parsed_json(read_text(path))
     except FileNotFoundError as error:
         raise ResultsError(f"{path}: {missing}") from error
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ResultsError(f"{path}: not valid JSON ({error})") from error
+    except OSError as error:
+        raise ResultsError(f"{path}: could not be read ({error.strerror or error})") from None
+    except ValueError as error:
+        raise ResultsError(f"{path}: {error}") from error
+    if max_depth is not None and deeper_than(data, max_depth):
+        raise ResultsError(f"{path}: a value nested deeper than {max_depth} levels")
+    return data
+
+
+def read_text(path: Path) -> str:
+    """A whole JSON file as UTF-8 text: a ``ValueError`` for one over ``MAX_FILE_BYTES``
+    (read no further: it may be endless) or not UTF-8."""
+    with path.open("rb") as f:
+        data = f.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise ValueError(f"over the {MAX_FILE_BYTES} bytes a results file may take")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"not valid JSON ({error})") from None
+
+
+def parsed_json(text: str) -> Any:
+    """JSON text as Python values; a ``ValueError`` naming what is wrong, a value nested
+    past the recursion limit included."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"not valid JSON ({error})") from error
+    except RecursionError:
+        raise ValueError("not readable JSON (nested too deep)") from None
 
 
 def write_env(run_dir: Path, env: Environment) -> None:
@@ -111,11 +152,13 @@ def read_cases(run_dir: Path, problems: list[str] | None = None) -> dict[str, Ca
     ResultsError when no ``problems`` list is given)."""
     path = run_dir / CASES_FILE
     try:
-        text = path.read_text()
+        text = read_text(path)
     except FileNotFoundError:
         return {}
-    except UnicodeDecodeError as error:
-        raise ResultsError(f"{path}: not valid JSON ({error})") from error
+    except OSError as error:
+        raise ResultsError(f"{path}: could not be read ({error.strerror or error})") from None
+    except ValueError as error:
+        raise ResultsError(f"{path}: {error}") from error
     try:
         cases, found = checked_cases(text)
     except (TypeError, ValueError) as error:
@@ -133,10 +176,7 @@ def checked_cases(text: str) -> tuple[dict[str, CaseInfo], tuple[str, ...]]:
     ``TypeError`` / ``ValueError`` for a file that is not a list of cases. Kept for the
     files read last: the runs of a nightly store the same cases over and over (a report
     reads them all)."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"not valid JSON ({error})") from error
+    data = parsed_json(text)
     problems: list[str] = []
     listed = CaseList.from_dict(data, problems)
     return {case.name: case for case in listed.cases}, tuple(problems)
@@ -233,7 +273,8 @@ def read_env(run_dir: Path, problems: list[str] | None = None) -> Environment:
     """``env.json``. A field of the wrong type raises ResultsError naming it; when a
     ``problems`` list is given, the message goes there and the field is left out."""
     path = run_dir / ENV_FILE
-    data = read_json(path, "missing (not a results directory?)")
+    # its free-form facts (flags, GPUs, timing) are printed as they are
+    data = read_json(path, "missing (not a results directory?)", max_depth=MAX_DEPTH)
     found: list[str] | None = None if problems is None else []
     try:
         env = Environment.from_dict(data, found)
@@ -307,9 +348,17 @@ def read_record_lines(run_dir: Path, problems: list[str] | None = None) -> list[
     path = run_dir / CELLS_FILE
     if not path.exists():
         return []
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        unread = ResultsError(f"{path}: could not be read ({error.strerror or error})")
+        if problems is None:
+            raise unread from None
+        problems.append(str(unread))
+        return []
     records = []
     with paused_gc():
-        for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+        for number, raw in enumerate(data.split(b"\n"), start=1):
             if not raw.strip():
                 continue
             try:
@@ -333,6 +382,11 @@ def read_records(run_dir: Path, problems: list[str] | None = None) -> list[CellR
 
 
 def _decoded(path: Path, number: int, raw: bytes) -> str:
+    if len(raw) > MAX_LINE_BYTES:
+        raise ResultsError(
+            f"{path}:{number}: a line of {len(raw)} bytes, over the {MAX_LINE_BYTES} a record "
+            "may take"
+        )
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -341,9 +395,11 @@ def _decoded(path: Path, number: int, raw: bytes) -> str:
 
 
 def _parse_record(path: Path, number: int, line: str) -> CellRecord:
+    """A line's record; a ``ResultsError`` naming the file and line for anything else (the
+    record parser raises ``MalformedRecord``, a ``ValueError``, and no other error)."""
     try:
-        return CellRecord.from_dict(json.loads(line))
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+        return CellRecord.from_dict(parsed_json(line))
+    except ValueError as error:
         raise ResultsError(f"{path}:{number}: {error}") from error
 
 

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from enum import Enum
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
 from harness.schema.axes import Cell
 from harness.schema.trail_records import Trail
@@ -217,6 +217,12 @@ def plain_field_names() -> tuple[str, ...]:
     return tuple(name for name in field_names(CellRecord) if name not in TYPED_FIELDS)
 
 
+class MalformedRecord(ValueError):
+    """A JSON value that is not a record this ampmatrix reads: the message names the field
+    and what is wrong with it. ``CellRecord.from_dict`` raises no other error, whatever
+    the value (of any type, at any depth)."""
+
+
 @dataclass(frozen=True)
 class CellRecord:
     """What one cell did. Flattened to one JSON object per line in ``cells.jsonl``."""
@@ -291,7 +297,22 @@ class CellRecord:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CellRecord:
+    def from_dict(cls, data: Any) -> CellRecord:
+        """The record a JSON object holds (a record of an older schema migrated). Anything
+        else raises ``MalformedRecord`` naming the field and what is wrong."""
+        try:
+            return cls._parsed(data)
+        except KeyError as error:
+            raise MalformedRecord(f"no {error.args[0] if error.args else 'field'}") from None
+        except (TypeError, ValueError, ArithmeticError) as error:
+            raise MalformedRecord(str(error)) from error
+        except RecursionError:  # a value nested thousands deep, in a field of no such shape
+            raise MalformedRecord("a value nested too deep to read") from None
+
+    @classmethod
+    def _parsed(cls, data: Any) -> CellRecord:
+        """``from_dict``'s work: a field that is absent raises ``KeyError``, one that does
+        not fit its type ``TypeError`` or ``ValueError``."""
         data = as_mapping(data, "record")
         version = data.get("schema_version")
         if not isinstance(version, int) or isinstance(version, bool) or version > SCHEMA_VERSION:
@@ -314,25 +335,51 @@ class CellRecord:
         leaves = data.get("leaves")
         typed: dict[str, Any] = dict(
             cell=Cell.from_dict(data),
-            outcome=Outcome(data["outcome"]),
+            outcome=member(Outcome, data["outcome"], "outcome"),
             flags=tuple(
-                Flag(**as_mapping(f, "flags")) for f in as_tuple(data.get("flags"), "flags")
+                made(Flag, f, f"flags[{i}]")
+                for i, f in enumerate(as_tuple(data.get("flags"), "flags"))
             ),
             error_frames=as_tuple(data.get("error_frames"), "error_frames"),
             warnings=as_tuple(data.get("warnings"), "warnings"),
             notes=tuple(note_from(n) for n in as_tuple(data.get("notes"), "notes")),
             leaves={
-                k: Numerics(**as_mapping(v, f"leaves[{k!r}]"))
+                k: made(Numerics, v, f"leaves[{k!r}]")
                 for k, v in as_mapping(leaves, "leaves").items()
             }
             if leaves
             else None,
-            crash_kind=CrashKind(crash_kind) if crash_kind else None,
+            crash_kind=member(CrashKind, crash_kind, "crash_kind") if crash_kind else None,
             trail=Trail.from_dict(data),
         )
         record = built(cls, typed | nested | plain)
         check_fields(record)
         return record
+
+
+E = TypeVar("E", bound=Enum)
+D = TypeVar("D")
+
+
+def member(kind: type[E], value: Any, name: str) -> E:
+    """The member of the enum ``kind`` whose value is ``value``; a ``ValueError`` naming
+    the field and the values it may take."""
+    try:
+        return kind(value)
+    except (TypeError, ValueError, RecursionError):  # the enum's message holds its repr
+        allowed = "one of " + ", ".join(str(m.value) for m in kind)
+        raise ValueError(mismatch(name, allowed, value)) from None
+
+
+def made(kind: type[D], value: Any, name: str) -> D:
+    """The dataclass ``kind`` from a JSON object of its fields; a ``TypeError`` naming the
+    field for anything else (a field missing or unknown)."""
+    try:
+        return kind(**as_mapping(value, name))
+    except TypeError as error:
+        if str(error).startswith(name):
+            raise
+        raise TypeError(f"{name}: {error}") from None
 
 
 V1_TIMING_FAILED = "timing failed: "
@@ -375,7 +422,7 @@ def note_from(data: Any) -> Note:
     fields = as_mapping(data, "notes")
     if set(fields) != {"kind", "text"}:
         raise TypeError(f"notes: expected an object of kind and text, got {sorted(fields)}")
-    return Note(NoteKind(fields["kind"]), fields["text"])
+    return Note(member(NoteKind, fields["kind"], "notes.kind"), fields["text"])
 
 
 @dataclass(frozen=True)

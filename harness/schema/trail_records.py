@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.schema.typed import as_mapping, as_tuple
+from harness.schema.typed import as_mapping, as_tuple, mismatch
 
 
 @dataclass(frozen=True)
@@ -152,12 +152,24 @@ def promotion_from(data: dict[str, Any]) -> Promotion:
 
 
 def island_from(data: dict[str, Any]) -> Island:
-    share = data.get("share")
     return Island(
         site=site_from(as_mapping(data["site"], "island.site")),
         dtype=data["dtype"],
-        share=float(share) if share is not None else None,
+        share=share_from(data.get("share")),
     )
+
+
+def share_from(share: Any) -> float | None:
+    """An island's share of the FLOPs: a number or null (``TypeError`` or ``ValueError``
+    naming it for anything else, an integer too large for a float included)."""
+    if share is None:
+        return None
+    if not isinstance(share, int | float) or isinstance(share, bool):
+        raise TypeError(mismatch("island.share", float | None, share))
+    try:
+        return float(share)
+    except OverflowError:
+        raise ValueError(mismatch("island.share", "a number a float holds", share)) from None
 
 
 def site_from(data: dict[str, Any]) -> Site:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import operator
+import reprlib
 import types
 import typing
 from collections.abc import Callable, Sequence
@@ -26,6 +27,11 @@ FieldChecks = tuple[tuple[str, Check], ...]
 ATOMIC = (str, int, float, bool, type(None), enum.Enum)
 #: At most this many combinations of field types are remembered per class.
 MAX_KNOWN = 1024
+#: The deepest a JSON value read from a results file may nest (an object or list counts
+#: one level). ampmatrix writes five at most; the free-form facts of ``env.json`` (flags,
+#: GPUs, timing settings) are printed as they are, and a value nested hundreds deep would
+#: exceed Python's recursion limit where it is printed.
+MAX_DEPTH = 32
 
 
 @dataclass
@@ -248,9 +254,43 @@ def as_mapping(value: Any, name: str) -> dict[str, Any]:
 
 
 def mismatch(name: str, hint: Any, value: Any) -> str:
-    shown = repr(value)
-    shown = shown if len(shown) <= 40 else shown[:37] + "..."
-    return f"{name}: expected {describe(hint)}, got {type(value).__name__} {shown}"
+    return f"{name}: expected {describe(hint)}, got {type(value).__name__} {shown(value)}"
+
+
+def shallow_repr() -> reprlib.Repr:
+    """A ``repr`` of a value's first three levels and first items only."""
+    shallow = reprlib.Repr()  # set field by field: its keywords are Python 3.12's
+    shallow.maxlevel, shallow.maxlist, shallow.maxdict = 3, 3, 3
+    shallow.maxstring = shallow.maxother = 30
+    return shallow
+
+
+#: How a value too deep for ``repr`` is shown.
+SHALLOW = shallow_repr()
+
+
+def shown(value: Any) -> str:
+    """``value``'s ``repr``, cut to 40 characters; one nested too deep for ``repr`` (a
+    list in a list, thousands deep) shows its first levels."""
+    try:
+        text = repr(value)
+    except RecursionError:
+        text = SHALLOW.repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def deeper_than(value: Any, depth: int) -> bool:
+    """Whether a JSON value nests objects and lists more than ``depth`` levels deep
+    (walked without recursion: the value may be nested thousands deep)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            if level == depth:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, level + 1) for child in children)
+    return False
 
 
 def describe(hint: Any) -> str:
