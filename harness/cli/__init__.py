@@ -86,6 +86,10 @@ def user_errors() -> tuple[type[Exception], ...]:
     return (storage.ResultsError, bisect.NoRecordChosen, *loaded)
 
 
+#: The exit code of a command stopped by Ctrl-C (a shell's for SIGINT).
+INTERRUPTED = 130
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs a command; what it prints shows text from outside inert (``inert_streams``)."""
     with output.inert_streams():
@@ -104,3 +108,9 @@ def run_command(argv: Sequence[str] | None = None) -> int:
         where = f": {error.filename}" if error.filename else ""
         print(f"ampmatrix: error: {error.strerror or error}{where}", file=sys.stderr)
         return 2
+    except (
+        KeyboardInterrupt
+    ) as interrupt:  # Ctrl-C: one line, and how to go on where there is a way
+        detail = str(interrupt)
+        print(f"ampmatrix: interrupted{': ' + detail if detail else ''}", file=sys.stderr)
+        return INTERRUPTED

@@ -87,6 +87,7 @@ def first_fatal(
 
 def _run_steps_quietly(steps: Sequence[Callable[[], object]], write: int) -> None:
     """The child: each step, its survival said on the pipe; then leave without cleanup."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)

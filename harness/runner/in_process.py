@@ -24,11 +24,23 @@ from harness.schema.records import CellRecord
 WORKER = "main"
 
 
+def resume_command(run_dir: Path) -> str:
+    return f"python -m harness run --resume {run_dir}"
+
+
 def stopped(run_dir: Path, why: str) -> storage.ResultsError:
     """A record that could not be written stops the run: the reason and how to finish it."""
     return storage.ResultsError(
         f"{why}; the run stopped there. Every record before it is intact: make room, then "
-        f"finish it with python -m harness run --resume {run_dir}"
+        f"finish it with {resume_command(run_dir)}"
+    )
+
+
+def interrupted(run_dir: Path) -> KeyboardInterrupt:
+    """Ctrl-C stops the run where it is: every record written is whole (each is written as
+    its cell ends), the cell it stopped has none, and ``--resume`` runs what is left."""
+    return KeyboardInterrupt(
+        f"every record so far is kept in {run_dir}; finish the run with {resume_command(run_dir)}"
     )
 
 

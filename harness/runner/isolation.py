@@ -321,6 +321,9 @@ def _child(
     what stopped it (any exception the work let out, ``KeyboardInterrupt`` and
     ``SystemExit`` included)."""
     try:
+        # Ctrl-C reaches the whole process group: the parent stops the run and ends this
+        # child; the child itself must not stop half-way (in a finaliser, say) and print.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         die_with_parent(parent)
         if memory_bytes:
             resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))

@@ -29,7 +29,7 @@ from harness.measure.case import Case
 from harness.measure.environment import capture_environment, now_iso
 from harness.measure.registry import CaseContractError
 from harness.results import storage
-from harness.runner.in_process import run_batches_here, stopped, time_batches_here
+from harness.runner.in_process import interrupted, run_batches_here, stopped, time_batches_here
 from harness.runner.matrix import Plan, expand
 from harness.schema.axes import SIZES, SMALL_SIZE, TIMED_SIZE, Cell, rank
 from harness.schema.config import RunConfig, TimingConfig
@@ -161,6 +161,8 @@ def run_pytest(args: list[str], controller: Controller, threads: int) -> int:
             os.environ[NO_AUTOLOAD] = autoload
     if controller.not_written:
         raise stopped(controller.run_dir, controller.not_written)
+    if code == pytest.ExitCode.INTERRUPTED:  # pytest took the Ctrl-C: the run stops too
+        raise KeyboardInterrupt
     return code
 
 
@@ -428,7 +430,15 @@ def write_run_plan(run_dir: Path, plan: Plan, config: RunConfig) -> None:
 
 
 def run_cells(run_dir: Path, plan: Plan, config: RunConfig) -> Path:
-    """Record the skipped cells, run the others, time what ran, and close the run."""
+    """Record the skipped cells, run the others, time what ran, and close the run. Ctrl-C
+    stops it with how to finish it (``interrupted``)."""
+    try:
+        return run_and_time(run_dir, plan, config)
+    except KeyboardInterrupt:
+        raise interrupted(run_dir) from None
+
+
+def run_and_time(run_dir: Path, plan: Plan, config: RunConfig) -> Path:
     record_skipped(run_dir, plan)
     workers = worker_count(config.workers, plan.to_run, config.batch)
     exit_code = execute_cells(run_dir, plan, workers, config)
