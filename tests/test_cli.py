@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.cli import main
 from harness.results import storage
 from harness.schema.records import CrashKind, NoteKind, Outcome
 from tests.conftest import BROKEN_CASES, FIXTURES, TOY_CASES, harness, only_run_dir
@@ -165,6 +166,11 @@ def test_list_shows_cases_fixes_and_links() -> None:
         (("run", "--time-budget", "nan"), "'nan' is not a positive finite number"),
         (("run", "--memory-limit", "inf"), "'inf' is not a positive finite number"),
         (("run", "--memory-limit", "1e-12"), "too small a memory limit"),
+        (("run", "--timeout", "1e12"), "'1e12' seconds is longer than a run can wait"),
+        (("run", "--time-budget", "3e6"), "'3e6' seconds is longer than a run can wait"),
+        (("run", "--memory-limit", "1e12"), "is more memory than this machine has"),
+        (("run", "-n", "100000"), "'100000' is not 'auto' or a number of workers from 0 to"),
+        (("check", "m:f", "-n", "-1"), "'-1' is not 'auto' or a number of workers"),
         (("run", "--case", ""), "--case was given no name"),
         (("run", "--device", "cuda:abc"), "unknown device 'cuda:abc'"),
         (
@@ -178,3 +184,20 @@ def test_bad_input_is_refused_clearly(tmp_path: Path, args: tuple[str, ...], mes
     assert result.returncode == 2
     assert message in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--alpha", "5", "'5' is not a probability between 0 and 1"),
+        ("--alpha", "1", "'1' is not a probability between 0 and 1"),
+        ("--min-ratio", "0.5", "'0.5' is not a speed ratio above 1"),
+        ("--min-ratio", "nan", "'nan' is not a positive finite number"),
+    ],
+)
+def test_compare_refuses_thresholds_that_mean_nothing(
+    capsys: pytest.CaptureFixture[str], option: str, value: str, message: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", "base", "head", option, value])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err

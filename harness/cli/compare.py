@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.cli.options import positive_float
+from harness.cli.options import probability, ratio_above_one
 from harness.cli.output import INCOMPLETE, existing_run_dir, warn
 from harness.results.speed import ALPHA, MIN_RATIO
 
@@ -35,13 +35,13 @@ def fill(compare: argparse.ArgumentParser) -> None:
     compare.add_argument("head", type=Path, metavar="HEAD")
     compare.add_argument(
         "--min-ratio",
-        type=positive_float,
+        type=ratio_above_one,
         default=MIN_RATIO,
         help=f"smallest speed ratio that counts (default {MIN_RATIO})",
     )
     compare.add_argument(
         "--alpha",
-        type=positive_float,
+        type=probability,
         default=ALPHA,
         help=f"significance level of the Mann-Whitney U test (default {ALPHA})",
     )

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.schema.axes import AXES, Axis
-from harness.schema.config import TimingConfig
+from harness.schema.config import MAX_MEMORY_BYTES, MAX_SECONDS, TimingConfig
 
 if TYPE_CHECKING:
     from harness.schema.config import RunConfig
@@ -28,10 +29,18 @@ def batch_size(value: str) -> int:
     raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of cells, 1 or more")
 
 
+def max_workers() -> int:
+    """The most worker processes a run starts: four per core (each is an interpreter with
+    torch loaded; more only queue for the cores and the process table)."""
+    return 4 * (os.cpu_count() or 1)
+
+
 def worker_count_arg(value: str) -> str:
-    if value == "auto" or (value.isdigit() and int(value) >= 0):
+    if value == "auto" or (value.isdigit() and 0 <= int(value) <= max_workers()):
         return value
-    raise argparse.ArgumentTypeError(f"{value!r} is not 'auto' or a number of workers")
+    raise argparse.ArgumentTypeError(
+        f"{value!r} is not 'auto' or a number of workers from 0 to {max_workers()} (four per core)"
+    )
 
 
 def add_cases_dir(parser: argparse.ArgumentParser) -> None:
@@ -82,7 +91,7 @@ def add_run_options(parser: argparse.ArgumentParser, axes: tuple[Axis, ...]) -> 
     )
     parser.add_argument(
         "--time-budget",
-        type=positive_float,
+        type=seconds,
         default=TimingConfig.budget_s,
         metavar="SECONDS",
         help=f"sampling time allowed per timed cell (default {TimingConfig.budget_s})",
@@ -92,7 +101,7 @@ def add_run_options(parser: argparse.ArgumentParser, axes: tuple[Axis, ...]) -> 
     )
     parser.add_argument(
         "--timeout",
-        type=positive_float,
+        type=seconds,
         default=DEFAULT_TIMEOUT_S,
         metavar="SECONDS",
         help=f"time limit per cell; a case may set its own (default {DEFAULT_TIMEOUT_S:g})",
@@ -133,15 +142,57 @@ def positive_float(value: str) -> float:
     return number
 
 
+def seconds(value: str) -> float:
+    """A time in seconds the platform can wait for (``MAX_SECONDS``, 24.8 days)."""
+    number = positive_float(value)
+    if number > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} seconds is longer than a run can wait (at most {MAX_SECONDS})"
+        )
+    return number
+
+
+def probability(value: str) -> float:
+    number = positive_float(value)
+    if number >= 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a probability between 0 and 1")
+    return number
+
+
+def ratio_above_one(value: str) -> float:
+    number = positive_float(value)
+    if number <= 1:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a speed ratio above 1 (1.10: a change of 10% or more)"
+        )
+    return number
+
+
 #: The smallest per-cell memory limit: below it not even the interpreter fits.
 MIN_MEMORY_GIB = 0.25
 
 
+def physical_memory_gib() -> float | None:
+    """This machine's memory (None where the platform does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def memory_gib(value: str) -> float:
+    """A per-cell memory limit in GiB: enough for the interpreter, and at most what this
+    machine has (a larger one limits nothing, and setrlimit() refuses the largest)."""
     number = positive_float(value)
     if number < MIN_MEMORY_GIB:
         raise argparse.ArgumentTypeError(
             f"{value!r} GiB is too small a memory limit (at least {MIN_MEMORY_GIB:g})"
+        )
+    ceiling = physical_memory_gib() or MAX_MEMORY_BYTES / 2**30
+    if number > ceiling:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} GiB is more memory than this machine has ({ceiling:.1f} GiB): "
+            "leave --memory-limit out for no limit"
         )
     return number
 

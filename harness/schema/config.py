@@ -40,6 +40,11 @@ class TimingConfig:
 
 
 DEFAULT_TIMEOUT_S = 300.0
+#: The longest time limit a run can keep: the kernel's poll() takes its timeout in
+#: milliseconds as a C int (2**31 - 1 ms, 24.8 days); a longer one fails as it is waited on.
+MAX_SECONDS = (2**31 - 1) // 1000
+#: The largest memory limit setrlimit() takes (a C long of bytes).
+MAX_MEMORY_BYTES = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -136,12 +141,18 @@ def strings(value: Any, name: str) -> tuple[str, ...]:
 
 
 def check_limits(limits: Limits) -> None:
-    """A time limit is a positive, finite number of seconds; a memory limit positive."""
-    if not (0 < limits.timeout_s < math.inf):
-        raise ValueError(f"limits.timeout_s: expected a positive number, got {limits.timeout_s}")
-    if limits.memory_bytes is not None and limits.memory_bytes <= 0:
+    """A time limit is a positive number of seconds the platform can wait for
+    (``MAX_SECONDS``); a memory limit a positive number of bytes setrlimit() takes."""
+    if not (0 < limits.timeout_s <= MAX_SECONDS):
         raise ValueError(
-            f"limits.memory_bytes: expected a positive number, got {limits.memory_bytes}"
+            f"limits.timeout_s: expected seconds above 0 and at most {MAX_SECONDS}, "
+            f"got {limits.timeout_s}"
+        )
+    memory = limits.memory_bytes
+    if memory is not None and not (0 < memory <= MAX_MEMORY_BYTES):
+        raise ValueError(
+            f"limits.memory_bytes: expected bytes above 0 and at most {MAX_MEMORY_BYTES}, "
+            f"got {memory}"
         )
 
 
