@@ -43,9 +43,12 @@ def prepare_call(cell: Cell) -> tuple[Callable[[], Any], torch.device]:
 
 
 def same_output(first: Any, second: Any) -> bool:
+    """Whether two calls computed the same: the same leaves, each of the same shape and
+    values (an output that grows from call to call is not the same, and no error)."""
     a, b = output_leaves(first), output_leaves(second)
     return a.keys() == b.keys() and all(
-        torch.equal(a[k], b[k]) or torch.allclose(a[k], b[k], rtol=0, atol=0, equal_nan=True)
+        a[k].shape == b[k].shape
+        and (torch.equal(a[k], b[k]) or torch.allclose(a[k], b[k], rtol=0, atol=0, equal_nan=True))
         for k in a
     )
 

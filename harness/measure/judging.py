@@ -9,10 +9,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from harness.measure import torch_state
 from harness.measure.case import Case
 from harness.measure.cell_record import crashed
-from harness.measure.errors import case_root, error_fields
-from harness.measure.fix_run import FixRun
+from harness.measure.errors import WorkloadFailed, case_root, error_fields
+from harness.measure.fix_run import FixRun, context_for, run_fix_checked
 from harness.measure.numerics import Yardsticks, judge_leaves, within_tolerance
 from harness.measure.precision import dtype_name, dtype_of, output_leaves
 from harness.measure.references import (
@@ -20,6 +21,7 @@ from harness.measure.references import (
     Leaves,
     Workpiece,
     baseline,
+    leaf_label,
     reference_leaves,
     rounding,
     structure_problem,
@@ -36,6 +38,7 @@ def classify(case: Case, cell: Cell, run: FixRun, record: CellRecord) -> CellRec
         run.note
     )
     if run.error is not None:
+        require_reference(cell)
         return raised(case, run.error, record)
     try:
         leaves = output_leaves(run.output)
@@ -43,6 +46,13 @@ def classify(case: Case, cell: Cell, run: FixRun, record: CellRecord) -> CellRec
     except TypeError as error:
         return crashed(record, CrashKind.CONTRACT, error, case)
     return judged(case, cell, leaves, record)
+
+
+def require_reference(cell: Cell) -> None:
+    """Raise ``ReferenceFailed`` where the cell's float64 reference fails: a fix that raises
+    in every precision, float64 included, has no half-precision bug to show, and the cell
+    says that the reference failed rather than ``raises`` (which would read as one)."""
+    reference_leaves(workpiece(cell))
 
 
 def check_has_values(leaves: Leaves) -> None:
@@ -86,9 +96,7 @@ def judged(case: Case, cell: Cell, leaves: Leaves, record: CellRecord) -> CellRe
     out_dtype = "+".join(dict.fromkeys(dtype_name(t.dtype) for t in leaves.values()))
     problem = structure_problem(leaves, reference)
     if problem:
-        return replace(
-            record, outcome=Outcome.INACCURATE, out_dtype=out_dtype, error_message=problem
-        )
+        return misshapen(case, cell, leaves, reference, replace(record, out_dtype=out_dtype))
     sticks = yardsticks(case, cell, piece, record.trail)
     per_leaf = judge_leaves(
         leaves,
@@ -108,6 +116,67 @@ def judged(case: Case, cell: Cell, leaves: Leaves, record: CellRecord) -> CellRe
         leaves=per_leaf if len(per_leaf) > 1 else None,
         baseline_error=sticks.error,
     ).noted(sticks.note)
+
+
+#: The error type of a cell whose output changed from one call to the next, and of one
+#: whose output, the same on every call, has other leaves or shapes than the reference's.
+OUTPUT_CHANGED = "OutputChanged"
+OUTPUT_MISMATCH = "OutputMismatch"
+
+
+def misshapen(
+    case: Case, cell: Cell, leaves: Leaves, reference: Leaves, record: CellRecord
+) -> CellRecord:
+    """A cell whose output cannot be compared with the reference leaf by leaf. Its fix is
+    called once more to tell why: an output that changes from call to call (a model that
+    keeps state between calls: a counter, a cache that grows) breaks the contract that a
+    cell's call is repeatable, and is ``crashed`` (contract), which no one reads as a
+    precision bug; one that comes out the same again is ``inaccurate``: misshapen in this
+    precision."""
+    again = output_again(case, cell)
+    changed = structure_change(leaves, again, reference) if again is not None else None
+    if changed:
+        return replace(
+            record,
+            outcome=Outcome.CRASHED,
+            crash_kind=CrashKind.CONTRACT,
+            error_type=OUTPUT_CHANGED,
+            error_message=f"output shape changed between calls: {changed}",
+        )
+    problem = structure_problem(leaves, reference)
+    return replace(
+        record, outcome=Outcome.INACCURATE, error_type=OUTPUT_MISMATCH, error_message=problem
+    )
+
+
+def output_again(case: Case, cell: Cell) -> Leaves | None:
+    """The cell's fix called again, on a workload built afresh, as its output's leaves;
+    None where that call fails. Torch's settings are put back after it, as after the
+    cell's own call."""
+    try:
+        with torch_state.restored([]):
+            run = run_fix_checked(
+                case, cell.fix, context_for(case, cell), trace=False, compile_mode=cell.compile
+            )
+        return output_leaves(run.output) if run.error is None else None
+    except (WorkloadFailed, TypeError):  # no workload, or no tensors: nothing to compare
+        return None
+
+
+def structure_change(first: Leaves, again: Leaves, reference: Leaves) -> str | None:
+    """How a second call's output differs in its leaves or shapes from the first's, or
+    None: ``the output had shape (4, 8), then (6, 8); the float64 reference's is (2, 8)``."""
+    if first.keys() != again.keys():
+        return f"the output had leaves {sorted(first)}, then {sorted(again)}"
+    for name, t in first.items():
+        if t.shape != again[name].shape:
+            shapes = (
+                f"{leaf_label(name)} had shape {tuple(t.shape)}, then {tuple(again[name].shape)}"
+            )
+            if name not in reference:
+                return shapes
+            return f"{shapes}; the float64 reference's is {tuple(reference[name].shape)}"
+    return None
 
 
 def worst_leaf(per_leaf: dict[str, Numerics]) -> Numerics:

@@ -1,7 +1,9 @@
 """What every cell of a case at one size is judged against, computed once per process: the
 float64 reference, the trusted fix's error in a low-precision dtype (the baseline) and the
-rounding yardstick; and their serialisation, so a runner computes them in a forked child
-and holds them in the worker that forks the cells (see ``harness.runner.isolation``).
+rounding yardstick; and their serialisation in parts (the reference with its rounding
+yardsticks, then each dtype's baseline), so a runner computes them in a forked child and
+holds them in the worker that forks the cells, and a part that kills its process costs only
+itself (see ``harness.runner.isolation``).
 """
 
 from __future__ import annotations
@@ -46,9 +48,14 @@ class Baseline:
 
 
 # Computed once per process, or received from the forked child that computed them
-# (``remember_shared``).
+# (``remember_reference_figures``, ``remember_baseline``).
 #: The float64 reference, as named leaves, by workpiece.
 _REFERENCES: dict[Workpiece, Leaves] = caches.keyed(f"{__name__}._REFERENCES")
+#: What the reference fix raised in float64, by workpiece: every cell asking for that
+#: reference is told, and none computes it again.
+_REFERENCE_FAILURES: dict[Workpiece, BaseException] = caches.keyed(
+    f"{__name__}._REFERENCE_FAILURES"
+)
 #: The trusted fix's error, computed on the cell's device, by (*workpiece, device, dtype).
 _BASELINES: dict[tuple[str, str, str, str, str], Baseline] = caches.keyed(f"{__name__}._BASELINES")
 #: The rounding yardstick, by (*workpiece, dtype or ``tf32``, parts kept in float32).
@@ -80,9 +87,16 @@ def workpiece(cell: Cell) -> Workpiece:
 
 
 def reference_leaves(piece: Workpiece) -> Leaves:
-    """The case's reference fix in float64 on the CPU, as named float64 leaves."""
+    """The case's reference fix in float64 on the CPU, as named float64 leaves; raises
+    ``ReferenceFailed`` (each time it is asked) where that fix fails in float64."""
+    if piece in _REFERENCE_FAILURES:
+        raise ReferenceFailed(_REFERENCE_FAILURES[piece])
     if piece not in _REFERENCES:
-        _REFERENCES[piece] = compute_reference(piece)
+        try:
+            _REFERENCES[piece] = compute_reference(piece)
+        except ReferenceFailed as failure:
+            _REFERENCE_FAILURES[piece] = failure.error
+            raise
     return _REFERENCES[piece]
 
 
@@ -142,16 +156,24 @@ def errors_against_reference(run: FixRun, piece: Workpiece) -> Baseline:
 
 
 def structure_problem(leaves: Leaves, reference: Leaves) -> str | None:
-    """Why an output cannot be compared with the reference leaf by leaf, or None."""
+    """Why an output cannot be compared with the reference leaf by leaf, or None:
+    ``the output has shape (4, 8), the float64 reference's (2, 8)``."""
     if leaves.keys() != reference.keys():
-        return f"output leaves {sorted(leaves)} != reference leaves {sorted(reference)}"
+        return (
+            f"the output has leaves {sorted(leaves)}, the float64 reference's {sorted(reference)}"
+        )
     for name, t in leaves.items():
         if t.shape != reference[name].shape:
             return (
-                f"output {name} has shape {tuple(t.shape)}, the reference "
+                f"{leaf_label(name)} has shape {tuple(t.shape)}, the float64 reference's "
                 f"{tuple(reference[name].shape)}"
             )
     return None
+
+
+def leaf_label(name: str) -> str:
+    """``the output`` for an output of one tensor, else ``output <leaf>``."""
+    return "the output" if name == "output" else f"output {name}"
 
 
 def rounding(piece: Workpiece, dtype: str, keep: tuple[str, ...]) -> Baseline:
@@ -207,15 +229,19 @@ def kept_sets(case: Case) -> tuple[tuple[str, ...], ...]:
     return tuple(dict.fromkeys(case.kept_by(fix) for fix in case.fixes))
 
 
-def shared_figures(piece: Workpiece, device: str) -> bytes | None:
-    """The case's reference at one size, the trusted fix's error on ``device`` in each of its
-    dtypes and the rounding yardsticks, serialised for the process that forked this one;
-    None when the reference fix raised (each cell then records why)."""
+def baseline_dtypes(piece: Workpiece) -> tuple[str, ...]:
+    """The dtypes a case's baselines are computed in on each device: its own, and the
+    float32 control's."""
+    return tuple(dict.fromkeys((*registry.get(piece[0]).dtypes, CONTROL_DTYPE)))
+
+
+def reference_figures(piece: Workpiece, device: str) -> bytes | None:
+    """The case's reference at one size and its rounding yardsticks for ``device`` (all
+    float64, on the CPU), serialised for the process that forked this one; None where the
+    reference fix raised (each cell is then told, see ``reference_leaves``)."""
     case = registry.get(piece[0])
     try:
         reference = reference_leaves(piece)
-        dtypes = dict.fromkeys((*case.dtypes, CONTROL_DTYPE))  # the fp32 control's too
-        baselines = {dtype: baseline(piece, device, dtype) for dtype in dtypes}
         roundings = [
             (dtype, keep, rounding(piece, dtype, keep))
             for dtype in rounding_dtypes(case, device)
@@ -227,7 +253,6 @@ def shared_figures(piece: Workpiece, device: str) -> bytes | None:
     torch.save(
         {
             "reference": reference,
-            "baselines": {d: dataclasses.asdict(b) for d, b in baselines.items()},
             "roundings": [(d, list(k), dataclasses.asdict(b)) for d, k, b in roundings],
         },
         buffer,
@@ -235,11 +260,20 @@ def shared_figures(piece: Workpiece, device: str) -> bytes | None:
     return buffer.getvalue()
 
 
-def remember_shared(piece: Workpiece, device: str, data: bytes) -> None:
-    """Hold what ``shared_figures`` computed in another process."""
+def remember_reference_figures(piece: Workpiece, data: bytes) -> None:
+    """Hold what ``reference_figures`` computed in another process."""
     loaded = torch.load(io.BytesIO(data), weights_only=True)
     _REFERENCES[piece] = loaded["reference"]
-    for dtype, figures in loaded["baselines"].items():
-        _BASELINES[(*piece, device, dtype)] = Baseline(**figures)
     for dtype, keep, figures in loaded["roundings"]:
         _ROUNDINGS[(*piece, dtype, tuple(keep))] = Baseline(**figures)
+
+
+def baseline_figures(piece: Workpiece, device: str, dtype: str) -> dict[str, Any]:
+    """The trusted fix's error in ``dtype`` on ``device``, as plain data for the process
+    that forked this one (which holds the reference already)."""
+    return dataclasses.asdict(baseline(piece, device, dtype))
+
+
+def remember_baseline(piece: Workpiece, device: str, dtype: str, figures: Baseline) -> None:
+    """Hold a baseline computed in another process, or why none came from it."""
+    _BASELINES[(*piece, device, dtype)] = figures

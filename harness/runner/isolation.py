@@ -3,8 +3,9 @@
 Children are forked from the worker (as pytest-forked does), which has everything a cell
 needs loaded and warm: the case modules, and the float64 reference and low-precision
 baselines of each case, computed once per case, size and device (every dtype) in a forked
-child of their own (on the cells' thread count) and handed back, so a reference fix that
-crashes or changes torch's global settings never reaches the worker. A worker that never
+child of their own (on the cells' thread count) and handed back part by part, so a
+reference fix that crashes or changes torch's global settings never reaches the worker, and
+a baseline that crashes in one dtype costs only that dtype's yardstick. A worker that never
 starts a thread pool is safe to fork (forking a process whose OpenMP pool is running can
 hang the child); the child then sets its own thread count. A new cell process starts in
 milliseconds. The worker's torch settings are put back as they were at its start before
@@ -27,6 +28,7 @@ import sys
 from collections.abc import Callable, Generator, Iterator
 from contextlib import closing
 from dataclasses import dataclass, replace
+from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -44,6 +46,7 @@ from harness.measure import (
     torch_state,
     trail,
 )
+from harness.measure.references import Baseline
 from harness.schema.axes import Cell
 from harness.schema.config import Limits, TimingConfig
 from harness.schema.records import CellRecord, CrashKind, Note, NoteKind, Outcome
@@ -107,19 +110,76 @@ def compute_shared(
     """The reference and baselines, computed with the cells' thread count: at model sizes
     float32 rounding depends on how a matmul is split over threads, so a baseline computed
     on one thread can be more exact than the same code on two (the tolerance derives from
-    the baseline)."""
-    forked = run_forked(
-        lambda: references.shared_figures(piece, device),
-        limits.timeout_s,
-        threads,
-        limits.memory_bytes,
-        whose="the process computing the case's reference and baseline",
-    )
-    if forked.failure is not None:
-        return forked.failure
-    if forked.value is not None:
-        references.remember_shared(piece, device, forked.value)
+    the baseline).
+
+    One forked child computes them part by part (``shared_parts``), each part with its own
+    time limit, sending each as it is done: one fork when all goes well. A part whose child
+    dies or overruns costs only itself. Where it is the reference, no cell can be judged:
+    returns why. Where it is a dtype's baseline (a model that crashes only in float16, say),
+    that dtype's baseline is the failure, its cells are judged by the rounding yardstick,
+    and the parts after it are computed in a fresh child."""
+    parts = shared_parts(piece)
+    while parts:
+        parts, failure = compute_shared_parts(piece, device, parts, limits, threads)
+        if failure is not None:
+            return failure
     return None
+
+
+#: The part of the shared figures that is the float64 reference (with its rounding
+#: yardsticks); every other part is the dtype of a baseline.
+REFERENCE_PART = "float64"
+
+
+def shared_parts(piece: references.Workpiece) -> tuple[str, ...]:
+    """What is computed for a workpiece on a device, in order: the reference first (the
+    baselines are errors against it), then the baseline in each dtype."""
+    return (REFERENCE_PART, *references.baseline_dtypes(piece))
+
+
+def computing(part: str) -> str:
+    """Who failed, in a failure's words: the process computing ``part``."""
+    if part == REFERENCE_PART:
+        return "the process computing the case's float64 reference"
+    return f"the process computing the {part} baseline"
+
+
+def compute_shared_parts(
+    piece: references.Workpiece, device: str, parts: tuple[str, ...], limits: Limits, threads: int
+) -> tuple[tuple[str, ...], str | None]:
+    """``parts`` computed in order in one forked child and held here. Returns the parts
+    still to compute (those after a baseline whose child died or overran, which is held as
+    that baseline's failure) and why the reference could not be had, if it could not (a
+    reference that raised is no failure here: each cell then records what it raised)."""
+    work = partial(shared_parts_in_child, piece, device, parts)
+    with ForkedStream(work, threads, limits.memory_bytes) as stream:
+        for n, part in enumerate(parts):
+            got = stream.next(limits.timeout_s, computing(part))
+            if part == REFERENCE_PART:
+                if got.failure is not None or got.value is None:
+                    return (), got.failure
+                references.remember_reference_figures(piece, got.value)
+            elif got.failure is None:
+                references.remember_baseline(piece, device, part, Baseline(**got.value))
+            else:
+                references.remember_baseline(piece, device, part, Baseline({}, got.failure))
+                return parts[n + 1 :], None
+    return (), None
+
+
+def shared_parts_in_child(
+    piece: references.Workpiece, device: str, parts: tuple[str, ...], send: Callable[[Any], None]
+) -> None:
+    """In the child: each part's figures, sent as soon as they exist; nothing after a
+    reference that raised."""
+    for part in parts:
+        if part != REFERENCE_PART:
+            send(references.baseline_figures(piece, device, part))
+            continue
+        figures = references.reference_figures(piece, device)
+        send(figures)
+        if figures is None:
+            return
 
 
 @dataclass(frozen=True)
@@ -292,22 +352,25 @@ class ForkedStream:
             self.child.kill()
         self.child.join()
 
-    def next(self, timeout_s: float) -> Forked:
+    def next(self, timeout_s: float, whose: str | None = None) -> Forked:
+        """The child's next value, within ``timeout_s``; a failure names the child as
+        ``whose`` (what it is computing now) where given."""
+        whose = whose or self.whose
         if self.receive.poll(timeout_s):
             try:
                 ok, value = self.receive.recv()
                 if ok:
                     return Forked(value=value)
-                return Forked(failure=f"{self.whose} failed without a result: {value}")
+                return Forked(failure=f"{whose} failed without a result: {value}")
             except EOFError:
                 pass  # the child died before sending: below
         elif self.child.is_alive():
             self.child.kill()
             self.child.join()
-            failure = f"no result after {timeout_s:g} s: {self.whose} was killed"
+            failure = f"no result after {timeout_s:g} s: {whose} was killed"
             return Forked(failure=failure, timed_out=True)
         self.child.join()
-        return Forked(failure=describe_exit(self.child.exitcode, self.whose))
+        return Forked(failure=describe_exit(self.child.exitcode, whose))
 
 
 def _child(
@@ -361,10 +424,7 @@ def time_columns_isolated(
                 remember_peaks(timed)
                 yield timed
                 continue
-            yield [
-                alone_note(time_column_isolated([r], config, worker, limits, threads)[0])
-                for r in column
-            ]
+            yield timed_alone(column, config, worker, limits, threads)
             for rest in columns[n + 1 :]:
                 yield time_column_isolated(rest, config, worker, limits, threads)
             return
@@ -415,9 +475,19 @@ def time_column_isolated(
     if len(records) == 1:
         failure = f"timing failed: {forked.failure}"[: errors.MAX_MESSAGE]
         return [replace(records[0], timing_error=failure)]
-    return [
-        alone_note(time_column_isolated([r], config, worker, limits, threads)[0]) for r in records
-    ]
+    return timed_alone(records, config, worker, limits, threads)
+
+
+def timed_alone(
+    column: Column, config: TimingConfig, worker: str, limits: Limits, threads: int
+) -> list[CellRecord]:
+    """Each cell of a column whose shared timing process failed, timed in a child of its
+    own; a cell then timed says so where another fix shared that process (a column of one
+    cell was alone already, and a cell that fails alone too was not timed at all)."""
+    timed = [time_column_isolated([r], config, worker, limits, threads)[0] for r in column]
+    if len(column) == 1:
+        return timed
+    return [r if r.timing_error else alone_note(r) for r in timed]
 
 
 def alone_note(record: CellRecord) -> CellRecord:
