@@ -23,8 +23,9 @@ projects that do not use it.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from harness.measure.case import Case
     from harness.measure.model_case import Matrix
     from harness.schema.axes import Cell
-    from harness.schema.records import CellRecord
+    from harness.schema.records import CellRecord, Note
 
 MARK = "__ampmatrix_model__"
 CELL_ARG = "ampmatrix_cell"
@@ -106,9 +107,30 @@ def pytest_configure(config: pytest.Config) -> None:
     worker_input: dict[str, Any] = getattr(config, "workerinput", {})
     argv = worker_input.get("mainargv") or ["pytest", *config.invocation_params.args]
     _COMMAND = [str(arg) for arg in argv]
+    remember_torch_state()
+
+
+def pytest_collectstart(collector: pytest.Collector) -> None:
+    """Before each test module is imported: torch's settings, where it is loaded by now."""
+    remember_torch_state()
+
+
+def remember_torch_state() -> None:
+    """torch's global settings, the first time they can be read without importing torch
+    (a plain test run must not load it): at configure, or before the first test module is
+    imported once a conftest has loaded torch. A test module that is the first to import
+    torch and then changes its settings at import is not told apart from torch's own."""
+    global _TORCH_STATE
+    if _TORCH_STATE is None and "torch" in sys.modules:
+        from harness.measure import torch_state
+
+        _TORCH_STATE = torch_state.snapshot()
 
 
 _RESULTS: Path | None = None
+#: torch's global settings before any test module was imported (they cannot have changed
+#: before torch was): each model cell starts from them (``settled``).
+_TORCH_STATE: dict[str, Any] | None = None
 #: The command that ran the tests, recorded in a results folder's ``env.json``.
 _COMMAND: list[str] = ["pytest"]
 
@@ -148,10 +170,29 @@ def run_model_cell(spec: ModelTest, cell: Cell) -> None:
     """Run the cell, store its record where asked, and pass, xfail or fail the test."""
     from harness.measure import execute
 
+    settled = settle_torch()
     record = execute.run_cell(cell)
+    if settled is not None:
+        record = replace(record, notes=(settled, *record.notes))
     if _RESULTS is not None:
         keep_record(_RESULTS, record)
     verdict(record, expected_label(spec.expect, cell))
+
+
+def settle_torch() -> Note | None:
+    """Put torch's global settings back as they were before the tests were imported (a
+    test module or fixture that sets the default dtype, say, would change every model
+    cell after it); a note says what had changed, or None."""
+    from harness.measure import torch_state
+    from harness.schema.records import Note, NoteKind
+
+    remember_torch_state()
+    assert _TORCH_STATE is not None  # a model cell has torch loaded
+    changed = [c for c in torch_state.restore(_TORCH_STATE) if not c.startswith("threads ")]
+    if not changed:
+        return None
+    text = "the test process's " + torch_state.describe(changed) + " before this cell: put back"
+    return Note(NoteKind.WORKER_SETTLED, text)
 
 
 def expected_label(expect: Mapping[str, str], cell: Cell) -> str | None:

@@ -207,3 +207,37 @@ def test_check_keeps_a_name_for_the_model_it_names(tmp_path: Path) -> None:
     outcomes = {(r.cell.case, r.cell.dtype): r.outcome.value for r in records}
     assert outcomes[("plain", "float16")] == "passes"
     assert outcomes[("scaled", "float16")] == "raises"  # gain kept: the promotion reproduces
+
+
+LEAKING_TEST = """
+import torch
+from harness import check_model
+
+torch.set_default_dtype(torch.float16)  # as a training script's module might
+torch.set_float32_matmul_precision("medium")
+
+
+@check_model(modes=("half", "autocast"))
+def test_linear():
+    return torch.nn.Linear(16, 16), {"input": torch.randn(2, 16)}
+"""
+
+
+def test_settings_a_test_module_changes_at_import_are_put_back_for_each_cell(
+    pytester: pytest.Pytester,
+) -> None:
+    """A test module that changes torch's settings as it is imported (after a conftest has
+    loaded torch) must not become the model cells' starting point."""
+    pytester.makeconftest("import torch\n")
+    pytester.makepyfile(test_leaking=LEAKING_TEST)
+    results = pytester.path / "results"
+    result = pytester.runpytest_subprocess(
+        *PLUGIN_ARGS, "-p", "no:cacheprovider", f"--ampmatrix-results={results}"
+    )
+    assert outcomes_of(result) == {"passed": 5}, result.stdout.str()
+    records = storage.read_records(results)
+    settled = [n.text for r in records for n in r.notes if n.kind.value == "worker-settled"]
+    # put back before the first cell; each cell leaves the settings as it found them
+    assert len(settled) == 1 and "default dtype torch.float32 -> torch.float16" in settled[0]
+    assert "float32 matmul precision highest -> medium" in settled[0]
+    assert {r.out_dtype for r in records if r.cell.mode == "half"} == {"float16", "bfloat16"}
