@@ -186,3 +186,30 @@ def test_the_record_parser_raises_only_its_own_error_naming_the_field(
 def test_a_record_that_is_not_an_object_is_a_malformed_record(value: Any) -> None:
     with pytest.raises(MalformedRecord, match="record: expected an object"):
         CellRecord.from_dict(value)
+
+
+def test_a_file_is_written_with_a_lone_surrogate_shown_escaped(tmp_path: Path) -> None:
+    """A folder's name with a byte that is not UTF-8 (``\\udcff`` in Python's string) goes
+    into the page of its report: UTF-8 has no encoding for it, and writing failed."""
+    page = tmp_path / "report.html"
+    storage.write_atomic(page, "<h1>run\udcff</h1>")
+    assert page.read_text() == "<h1>run\\udcff</h1>"
+
+
+@pytest.mark.parametrize("text", ["case\\ud800", "\\udcff", "a\\uDFFFb"])
+def test_a_json_string_with_a_lone_surrogate_is_a_named_problem(tmp_path: Path, text: str) -> None:
+    """JSON can escape half of a UTF-16 pair (``"\\ud800"``); such a string is no text (it
+    cannot be written, URL-quoted or encoded) and its line is refused, naming it."""
+    run = copied_run(tmp_path)
+    line = json.dumps(a_record()).replace('"dia-sdpa-kv-cache"', f'"{text}"', 1)
+    cells = with_line(run, 1, line)
+    problems: list[str] = []
+    records = storage.read_record_lines(run, problems)
+    assert len(records) == len(storage.read_record_lines(NEW))
+    assert problems == [f"{cells}:1: a string with a lone surrogate (not text)"]
+    pair = json.dumps(a_record()).replace('"dia-sdpa-kv-cache"', '"\\ud83d\\ude00"', 1)
+    cells.write_text(pair + "\n")  # a whole pair is one character, read as it is
+    assert storage.read_record_lines(run)[0].cell.case == "\U0001f600"
+    (run / storage.ENV_FILE).write_text(f'{{"hostname": "{text}"}}')
+    with pytest.raises(storage.ResultsError, match=rf"^{run / storage.ENV_FILE}: .*surrogate"):
+        storage.read_env(run)

@@ -13,6 +13,7 @@ import fcntl
 import gc
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -75,7 +76,8 @@ def write_atomic(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), 0o644)
-            f.write(text.encode())
+            # a lone surrogate (a folder name's byte that is not UTF-8) written as ``\udcff``
+            f.write(text.encode("utf-8", errors="backslashreplace"))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -125,13 +127,38 @@ def read_text(path: Path) -> str:
 
 def parsed_json(text: str) -> Any:
     """JSON text as Python values; a ``ValueError`` naming what is wrong, a value nested
-    past the recursion limit included."""
+    past the recursion limit and a string with a lone surrogate included."""
     try:
-        return json.loads(text)
+        data = json.loads(text)
     except json.JSONDecodeError as error:
         raise ValueError(f"not valid JSON ({error})") from error
     except RecursionError:
         raise ValueError("not readable JSON (nested too deep)") from None
+    if "\\u" in text and SURROGATE_ESCAPE.search(text) and holds_lone_surrogate(data):
+        raise ValueError("a string with a lone surrogate (not text)")
+    return data
+
+
+#: A JSON escape of half a UTF-16 pair: ``"\ud83d\ude00"`` is one character, but either
+#: half alone is no text (it cannot be written as UTF-8, URL-quoted or shown).
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def holds_lone_surrogate(value: Any) -> bool:
+    """Whether a string of a JSON value (a key or a value, at any depth) holds a lone
+    surrogate (walked without recursion)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str) and LONE_SURROGATE.search(item):
+            return True
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def write_env(run_dir: Path, env: Environment) -> None:
