@@ -16,6 +16,7 @@ from typing import Any
 
 from harness.cli import bisect, check, compare, listing, output, report, run
 from harness.results import storage
+from harness.schema.text import one_line
 
 
 class DeferredParser(argparse.ArgumentParser):
@@ -102,11 +103,13 @@ def run_command(argv: Sequence[str] | None = None) -> int:
     try:
         return int(COMMANDS[args.command].command(args, argv))
     except user_errors() as error:
-        print(f"ampmatrix: error: {error}", file=sys.stderr)
+        print(f"ampmatrix: error: {one_line(str(error))}", file=sys.stderr)
         return 2
     except OSError as error:  # a folder that is a file, read-only, full: one line, no trace
         where = f": {error.filename}" if error.filename else ""
-        print(f"ampmatrix: error: {error.strerror or error}{where}", file=sys.stderr)
+        print(
+            f"ampmatrix: error: {one_line(f'{error.strerror or error}{where}')}", file=sys.stderr
+        )
         return 2
     except (
         KeyboardInterrupt

@@ -521,8 +521,9 @@ def write_index(folder: Path) -> Path:
 def relative_href(name: str) -> str:
     """A link to the file ``name`` beside the page: ``./`` and URL-quoted, so that no part
     of a file's name (a run folder's) is read as a scheme (``javascript:``), a query or a
-    fragment."""
-    return "./" + quote(name, safe="")
+    fragment. A name's bytes that are not UTF-8 (lone surrogates here) are quoted as the
+    bytes they were."""
+    return "./" + quote(name, safe="", errors="surrogateescape")
 
 
 def modified_at(path: Path) -> str:

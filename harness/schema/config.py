@@ -8,7 +8,6 @@ of a run sees the same settings.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

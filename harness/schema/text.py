@@ -17,8 +17,10 @@ import re
 CONTROL = r"\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff"
 #: Newline and tab are the harness's own layout; every other control is escaped.
 TERMINAL_UNSAFE = re.compile(f"[{CONTROL}]")
-#: In Markdown newline and tab too (a line break ends a table row).
+#: In Markdown newline and tab too (a line break ends a table row); in a line that must
+#: stay one line (an error) the line breaks.
 MARKDOWN_CONTROL = re.compile(f"[{CONTROL}\\n\\t]")
+LINE_BREAK = re.compile(r"[\n]")
 #: The ASCII punctuation that starts Markdown syntax anywhere on a line (emphasis, code,
 #: links and images, HTML tags and entities, table cells, headings, autolinks); each is
 #: shown as itself when escaped with a backslash (CommonMark).
@@ -40,3 +42,8 @@ def markdown_safe(text: str) -> str:
     (newline included) escaped as in the terminal, Markdown's syntax backslash-escaped."""
     plain = MARKDOWN_CONTROL.sub(lambda match: escaped(match.group()), text)
     return MARKDOWN_SYNTAX.sub(r"\\\1", plain)
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line: a line break in it (a folder's name, say) shown as ``\\n``."""
+    return LINE_BREAK.sub(lambda match: escaped(match.group()), text)
