@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
-from hypothesis import HealthCheck, event, example, given, settings
+from hypothesis import HealthCheck, currently_in_test_context, event, example, given, settings
 from hypothesis import strategies as st
 
 from harness import cli
@@ -298,29 +298,9 @@ def run_command(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[in
     except SystemExit as done:
         code = done.code
     out, err = capsys.readouterr()
-    event(f"{argv[0]} exit {code or 0}")  # --hypothesis-show-statistics: what was reached
+    if currently_in_test_context():  # --hypothesis-show-statistics: what was reached
+        event(f"{argv[0]} exit {code or 0}")
     return int(code or 0), out, err
-
-
-#: Known defect, outside this test's files: an error's message is printed as it is, so a
-#: line break in the outside text it names (a folder's name, ``env.json``'s torch_version)
-#: splits the one error line. While True, lines after the error line are accepted where
-#: the error's outside text held a line break; ``test_known_an_error_line_is_one_line``
-#: (xfail, strict) fails once that is fixed: then set this False and drop its mark.
-ERROR_LINES_MAY_SPLIT = True
-#: Known defect, outside this test's files: the reports' index URL-quotes a report's file
-#: name as UTF-8, which a name with a byte that is not UTF-8 (a lone surrogate) has no
-#: encoding for. While True, ``--out`` names carry no lone surrogate (run folders still
-#: do); ``test_known_a_report_named_with_a_byte_that_is_not_utf8`` (xfail, strict) fails
-#: once that is fixed: then set this False and drop its mark.
-REPORT_NAMES_MUST_BE_UTF8 = True
-
-
-def report_name(name: str) -> str:
-    """A report's file name as the fuzz may give it (see ``REPORT_NAMES_MUST_BE_UTF8``)."""
-    if not REPORT_NAMES_MUST_BE_UTF8:
-        return name
-    return name.encode("utf-8", errors="replace").decode("utf-8")
 
 
 def check_terminal(argv: list[str], code: int, out: str, err: str) -> None:
@@ -334,15 +314,10 @@ def check_terminal(argv: list[str], code: int, out: str, err: str) -> None:
 
 def one_error_line(err: str) -> bool:
     """stderr ends with one line ``ampmatrix: error: ...`` (or argparse's), after any
-    warnings (see ``ERROR_LINES_MAY_SPLIT``)."""
+    warnings: a line break in the text an error names stays on its line."""
     lines = err.rstrip("\n").splitlines()
     errors = [i for i, line in enumerate(lines) if ERROR_LINE.match(line)]
-    if len(errors) != 1:
-        return False
-    after = lines[errors[0] + 1 :]
-    if not after:
-        return True
-    return ERROR_LINES_MAY_SPLIT and not any(line.startswith("ampmatrix") for line in after)
+    return len(errors) == 1 and errors[0] == len(lines) - 1
 
 
 class Links(HTMLParser):
@@ -376,7 +351,7 @@ def check_html(folder: Path) -> None:
 def every_command(run_dir: Path, other: Path, reports: Path) -> list[list[str]]:
     """report (with a Markdown summary and a baseline), compare both ways, bisect and
     ``--resume``, on one run."""
-    out = reports / f"{report_name(run_dir.name)[:200]}.html"
+    out = reports / f"{run_dir.name[:200]}.html"
     return [
         ["report", str(run_dir), "--out", str(out), "--markdown", str(reports / "summary.md")],
         ["report", str(other), str(run_dir), "--out", str(reports / "two.html"),
@@ -489,7 +464,7 @@ def arguments(run_dir: Path, other: Path, work: Path) -> st.SearchStrategy[list[
     outs = st.one_of(
         st.sampled_from([str(work), str(run_dir / "r.html"), str(work / "index.html"),
                          str(run_dir / storage.CELLS_FILE)]),
-        folder_names.map(lambda name: str(work / "reports" / report_name(name))),
+        folder_names.map(lambda name: str(work / "reports" / name)),
     )  # fmt: skip
     options = st.one_of(
         st.tuples(st.sampled_from(["--min-ratio", "--alpha"]), numbers).map(list),
@@ -551,20 +526,17 @@ def test_the_record_parser_raises_only_its_own_error_for_any_json(
         assert str(error), "an error that names nothing"
 
 
-# --- known defects outside this test's files (see ERROR_LINES_MAY_SPLIT and
-# REPORT_NAMES_MUST_BE_UTF8): each fails, as it must, until it is fixed --------------------
+# --- the two defects this fuzz found, each failing before its fix ---------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="an error's message is printed with its line breaks")
-def test_known_an_error_line_is_one_line(
+def test_an_error_naming_a_line_break_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, _, err = run_command(["report", str(tmp_path / "a\nb")], capsys)
     assert code == 2 and err.count("\n") == 1, err
 
 
-@pytest.mark.xfail(strict=True, reason="the reports' index URL-quotes file names as UTF-8")
-def test_known_a_report_named_with_a_byte_that_is_not_utf8(
+def test_a_report_named_with_a_byte_that_is_not_utf8_is_linked(
     contained: None,
     pristine: tuple[Path, Path],
     tmp_path: Path,

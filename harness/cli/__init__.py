@@ -12,14 +12,23 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
 from harness.cli import bisect, check, compare, listing, output, report, run
 from harness.results import storage
 from harness.schema.text import one_line
 
 
-class DeferredParser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose error stays on one line after the usage line, whatever the
+    argument it names holds (a line break in a folder's name)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
+
+
+class DeferredParser(Parser):
     """A command's parser whose arguments are added when it is first used (to parse or to
     print its help): ``run`` and ``check`` take their defaults from the run machinery, which
     imports torch, and ``report``, ``compare`` and ``bisect`` must not wait for that."""
@@ -62,7 +71,7 @@ COMMANDS: dict[str, ModuleType] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ampmatrix", description=DESCRIPTION)
+    parser = Parser(prog="ampmatrix", description=DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=DeferredParser)
     for name, module in COMMANDS.items():
         commands.add_parser(name, help=module.HELP, fill=module.fill)
