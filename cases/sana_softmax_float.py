@@ -129,6 +129,7 @@ class SanaSoftmaxFloat(Case):
     devices = ("cpu", "cuda")
     dtypes = ("float16", "bfloat16")
     modes = ("half", "autocast", "half-autocast", "fp32")
+    stages = ("forward", "train")
     backends = ("eager",)
     sizes = (Size("small", SMALL, "toy dimensions"), Size("upstream", UPSTREAM, UPSTREAM_SOURCE))
 

@@ -53,6 +53,7 @@ def toy_case(**declared: object) -> Any:
         "compiles": ("eager",),
         "size_names": ("small",),
         "sizes": (),
+        "stages": ("forward",),
         "flavours": ("plain", "spicy"),
     }
     return SimpleNamespace(**{**values, **declared})
@@ -61,7 +62,14 @@ def toy_case(**declared: object) -> Any:
 def test_the_table_is_the_cells_fields() -> None:
     assert [a.name for a in AXES] == [f.name for f in dataclasses.fields(Cell)]
     assert [a.name for a in TOY_AXES] == [*(a.name for a in AXES), "flavour"]
-    assert [a.name for a in MODEL_AXES] == ["device", "dtype", "mode", "backend", "compile"]
+    assert [a.name for a in MODEL_AXES] == [
+        "device",
+        "dtype",
+        "mode",
+        "backend",
+        "compile",
+        "stage",
+    ]
 
 
 def test_a_column_is_made_of_the_column_axes() -> None:

@@ -29,7 +29,14 @@ import torch
 
 from harness.measure.observe import CoreObservation, record_core_dtypes
 from harness.measure.precision import Precision
-from harness.schema.axes import CONTROL_MODE, EAGER, LOW_PRECISION_DTYPES, SMALL_SIZE, Cell
+from harness.schema.axes import (
+    CONTROL_MODE,
+    EAGER,
+    FORWARD_STAGE,
+    LOW_PRECISION_DTYPES,
+    SMALL_SIZE,
+    Cell,
+)
 from harness.schema.run_files import CaseInfo
 
 
@@ -106,6 +113,9 @@ class RunContext:
     #: The cell's workload size and its dimensions (the case's ``sizes[size].dims``).
     size: str = SMALL_SIZE
     dims: Any = None
+    #: ``forward``, or ``train``: the harness runs the fix as the forward of a training
+    #: step (gradients on) and takes the loss and gradients after it.
+    stage: str = FORWARD_STAGE
 
     @property
     def precision(self) -> Precision:
@@ -220,6 +230,9 @@ class Case:
     keep_fp32: ClassVar[tuple[str, ...]] = ()
     #: Fixes run with gradients enabled (a training step); otherwise under ``no_grad``.
     needs_grad: ClassVar[bool] = False
+    #: The stages the case runs (``forward`` always): ``train`` adds one training step
+    #: per cell, with the recipe of the cell's mode (:mod:`harness.measure.training`).
+    stages: ClassVar[tuple[str, ...]] = (FORWARD_STAGE,)
     #: Upstream code manages precision itself (a Lightning Trainer's ``precision=``): the
     #: harness then only moves the float32 workload to the device (float64 for the
     #: reference) and neither casts nor enters autocast; the fixes read ``ctx.dtype`` and
@@ -252,6 +265,17 @@ class Case:
         """What ``fix`` keeps in float32: its own ``keep_fp32`` where it narrows the case's."""
         narrowed = self.fixes[fix].keep_fp32
         return self.keep_fp32 if narrowed is None else narrowed
+
+    def loss(self, output: Any, workload: Workload, ctx: RunContext) -> Any:
+        """The loss of a training step from the fix's output: by default the loss the output
+        carries (a transformers model given ``labels``), else the mean squared error of
+        every floating output against a fixed random target
+        (:func:`harness.measure.training.default_loss`). A case overrides it where its
+        model is trained on another loss."""
+        from harness.measure.training import default_loss, model_loss
+
+        carried = model_loss(output)
+        return carried if carried is not None else default_loss(output)
 
     def build(self, ctx: RunContext) -> Workload:
         """The model and inputs in float32 on the CPU. The harness seeds the RNG first, then

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from harness.measure import training
 from harness.measure.case import Case, RunContext, Workload
 from harness.measure.errors import WorkloadFailed
 from harness.measure.precision import (
@@ -35,7 +36,7 @@ from harness.measure.precision import (
 )
 from harness.measure.python_watch import PythonWatch, watch_python
 from harness.measure.trail import DtypeTracer, Names, tracing
-from harness.schema.axes import Cell
+from harness.schema.axes import TRAIN_STAGE, Cell
 from harness.schema.records import Flag, Note
 from harness.schema.trail_records import Drift, Trail
 
@@ -62,6 +63,7 @@ def context_for(case: Case, cell: Cell, observe: bool = True) -> RunContext:
         managed_by_case=case.manages_precision,
         size=cell.size,
         dims=case.dims(cell.size),
+        stage=cell.stage,
     )
 
 
@@ -92,12 +94,20 @@ def call_fix(
     case: Case, fix: str, workload: Workload, ctx: RunContext, compiled: Any = None
 ) -> Any:
     """One call of a fix, with the gradient mode and autocast the cell asks for; through
-    ``compiled`` (the fix under ``torch.compile``) in a compiled cell."""
+    ``compiled`` (the fix under ``torch.compile``) in a compiled cell. In a ``train`` cell
+    the call is the forward of a training step (:func:`training.train_step`), and what it
+    returns is the step's :class:`~harness.measure.training.TrainedStep`."""
+    func = case.fixes[fix].func if compiled is None else compiled
+    if ctx.stage == TRAIN_STAGE:
+        return training.train_step(
+            lambda: func(case, workload, ctx),
+            lambda output: case.loss(output, workload, ctx),
+            workload.model,
+            ctx.precision,
+        )
     grad = torch.enable_grad() if case.needs_grad else torch.no_grad()
     with grad, autocast_region(ctx.precision):
-        if compiled is not None:
-            return compiled(case, workload, ctx)
-        return case.fixes[fix].func(case, workload, ctx)
+        return func(case, workload, ctx)
 
 
 def compiled_fix(case: Case, fix: str, compile_mode: str) -> Any:
@@ -148,7 +158,8 @@ def run_fix_checked(
     output, error, texts = watched_call(
         lambda: call_fix(case, fix, ready, ctx, compiled), watch if watched else None, tracer
     )
-    trail, drifted, island_note = traced_findings(tracer, output, error, ctx.precision)
+    output, forward_output, step_note = step_parts(output)
+    trail, drifted, island_note = traced_findings(tracer, forward_output, error, ctx.precision)
     found = (
         no_autocast_flag(watch.seen, ctx.precision) if watched else None,
         not_half_flag(
@@ -157,7 +168,16 @@ def run_fix_checked(
         drifted,
         undone_upcast_flag(tracer.undone_upcast() if tracer is not None else None),
     )
-    return FixRun(output, error, tuple(f for f in found if f), trail, texts, island_note)
+    note = step_note or island_note
+    return FixRun(output, error, tuple(f for f in found if f), trail, texts, note)
+
+
+def step_parts(output: Any) -> tuple[Any, Any, Note | None]:
+    """What is judged (a training step's loss and gradients, or the output), what the mode's
+    checks look at (the forward output), and the step's note, if any."""
+    if isinstance(output, training.TrainedStep):
+        return output.leaves, output.forward_output, output.note
+    return output, output, None
 
 
 def watched_call(

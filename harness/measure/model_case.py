@@ -33,7 +33,7 @@ import torch
 
 from harness.measure import import_probe, registry
 from harness.measure.case import Case, RunContext, Upstream, Workload, fix
-from harness.schema.axes import CONTROL_MODE, DEVICE_KINDS, MODEL_AXES
+from harness.schema.axes import CONTROL_MODE, DEVICE_KINDS, FORWARD_STAGE, MODEL_AXES
 from harness.schema.config import RunConfig
 from harness.schema.selection import Selection
 
@@ -168,6 +168,7 @@ def model_case(
     """A case for the model ``factory`` builds, over the cells ``matrix`` asks for;
     ``target`` is the ``MODULE:FACTORY`` it was named by, where ``check`` named it."""
     modes = tuple(dict.fromkeys((*matrix["modes"], CONTROL_MODE)))
+    stages = tuple(dict.fromkeys((FORWARD_STAGE, *matrix["stages"])))
     attributes = {
         "name": name,
         "title": (inspect.getdoc(factory) or f"{name}: a model checked by ampmatrix")
@@ -177,6 +178,7 @@ def model_case(
         "factory": staticmethod(factory),
         **{axis.plural: matrix[axis.plural] for axis in MODEL_AXES},
         "modes": modes,
+        "stages": stages,
         "keep_fp32": matrix.keep_fp32,
         "source_file": source_file,
         "target": target,

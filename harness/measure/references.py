@@ -27,7 +27,7 @@ from harness.measure.fix_run import FixRun, context_for, prepared_workload, run_
 from harness.measure.numerics import relative_error
 from harness.measure.precision import output_leaves, split_kept
 from harness.measure.rounding import noise_source, round_inputs, round_model
-from harness.schema.axes import CONTROL_DTYPE, Cell
+from harness.schema.axes import CONTROL_DTYPE, FORWARD_STAGE, Cell
 
 REFERENCE_BACKENDS = ("sdpa", "eager")
 
@@ -36,7 +36,7 @@ Leaves = dict[str, torch.Tensor]
 #: What a reference and its yardsticks belong to: (case, size, backend), a case at one
 #: workload size with the backend its reference runs on (the case's reference backend, or
 #: the cell's own where the case's reference is per backend; see ``workpiece``).
-Workpiece = tuple[str, str, str]
+Workpiece = tuple[str, str, str, str]
 
 
 @dataclass(frozen=True)
@@ -57,9 +57,11 @@ _REFERENCE_FAILURES: dict[Workpiece, BaseException] = caches.keyed(
     f"{__name__}._REFERENCE_FAILURES"
 )
 #: The trusted fix's error, computed on the cell's device, by (*workpiece, device, dtype).
-_BASELINES: dict[tuple[str, str, str, str, str], Baseline] = caches.keyed(f"{__name__}._BASELINES")
+_BASELINES: dict[tuple[str, str, str, str, str, str], Baseline] = caches.keyed(
+    f"{__name__}._BASELINES"
+)
 #: The rounding yardstick, by (*workpiece, dtype or ``tf32``, parts kept in float32).
-_ROUNDINGS: dict[tuple[str, str, str, str, tuple[str, ...]], Baseline] = caches.keyed(
+_ROUNDINGS: dict[tuple[str, str, str, str, str, tuple[str, ...]], Baseline] = caches.keyed(
     f"{__name__}._ROUNDINGS"
 )
 
@@ -70,11 +72,20 @@ def reference_backend(case: Case) -> str:
     return next((b for b in REFERENCE_BACKENDS if b in case.backends), case.backends[0])
 
 
-def plain_cell(case: Case, dtype: str, size: str, device: str = "cpu", backend: str = "") -> Cell:
-    """The reference fix run plainly (mode ``half``) at ``size``: in float64 on the CPU it
-    is the reference, in a cell's dtype on the cell's device the baseline."""
+def plain_cell(
+    case: Case,
+    dtype: str,
+    size: str,
+    device: str = "cpu",
+    backend: str = "",
+    stage: str = FORWARD_STAGE,
+) -> Cell:
+    """The reference fix run plainly (mode ``half``) at ``size``, at ``stage``: in float64
+    on the CPU it is the reference, in a cell's dtype on the cell's device the baseline."""
     backend = backend or reference_backend(case)
-    return Cell(case.name, case.reference_fix, device, dtype, "half", backend, size=size)
+    return Cell(
+        case.name, case.reference_fix, device, dtype, "half", backend, size=size, stage=stage
+    )
 
 
 def workpiece(cell: Cell) -> Workpiece:
@@ -83,7 +94,7 @@ def workpiece(cell: Cell) -> Workpiece:
     backend (a model of yours whose factory reads ``ctx.backend``)."""
     case = registry.get(cell.case)
     backend = cell.backend if case.reference_per_backend else reference_backend(case)
-    return cell.case, cell.size, backend
+    return cell.case, cell.size, backend, cell.stage
 
 
 def reference_leaves(piece: Workpiece) -> Leaves:
@@ -101,9 +112,9 @@ def reference_leaves(piece: Workpiece) -> Leaves:
 
 
 def compute_reference(piece: Workpiece) -> Leaves:
-    case_name, size, backend = piece
+    case_name, size, backend, stage = piece
     case = registry.get(case_name)
-    ctx = context_for(case, plain_cell(case, "float64", size, backend=backend))
+    ctx = context_for(case, plain_cell(case, "float64", size, backend=backend, stage=stage))
     try:
         run = run_fix_checked(case, case.reference_fix, ctx, trace=False)
     except WorkloadFailed as failure:
@@ -133,9 +144,9 @@ def baseline(piece: Workpiece, device: str, dtype: str) -> Baseline:
 
 
 def compute_baseline(piece: Workpiece, device: str, dtype: str) -> Baseline:
-    case_name, size, backend = piece
+    case_name, size, backend, stage = piece
     case = registry.get(case_name)
-    ctx = context_for(case, plain_cell(case, dtype, size, device, backend))
+    ctx = context_for(case, plain_cell(case, dtype, size, device, backend, stage))
     try:
         run = run_fix_checked(case, case.reference_fix, ctx, trace=False)
     except WorkloadFailed as failure:
@@ -187,9 +198,9 @@ def rounding(piece: Workpiece, dtype: str, keep: tuple[str, ...]) -> Baseline:
 
 
 def compute_rounding(piece: Workpiece, dtype: str, keep: tuple[str, ...]) -> Baseline:
-    case_name, size, backend = piece
+    case_name, size, backend, stage = piece
     case = registry.get(case_name)
-    ctx = context_for(case, plain_cell(case, "float64", size, backend=backend))
+    ctx = context_for(case, plain_cell(case, "float64", size, backend=backend, stage=stage))
     try:
         run = run_fix_checked(
             case,

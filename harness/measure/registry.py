@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from harness.measure import import_probe, torch_state
 from harness.measure.case import Case, Size
-from harness.schema.axes import AXES, SIZES, SMALL_SIZE, Axis
+from harness.schema.axes import AXES, FORWARD_STAGE, SIZES, SMALL_SIZE, Axis
 
 RELEASE = re.compile(r"^\d+\.\d+(\.\d+)?$")
 CASE_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
@@ -72,6 +72,8 @@ def contract_problems(case: Case) -> list[str]:
         if not getattr(case, attr):
             problems.append(f"missing {attr}")
     problems += unknown_axis_values(case)
+    if FORWARD_STAGE not in case.stages:
+        problems.append(f"stages must include {FORWARD_STAGE!r} (every case runs its forward)")
     problems += _fix_problems(case)
     problems += _size_problems(case)
     if type(case).build is Case.build:

@@ -7,7 +7,16 @@ from collections.abc import Callable, Iterable, Sequence
 
 from harness.results.computed_in import ComputedIn, computed_in, fix_computed_in
 from harness.results.speed import RecordKey, SpeedRatios, record_key, speed_ratios
-from harness.schema.axes import DTYPES, MODE_NAMES, MODES, SIZES, SMALL_SIZE, rank
+from harness.schema.axes import (
+    DTYPES,
+    FORWARD_STAGE,
+    MODE_NAMES,
+    MODES,
+    SIZES,
+    SMALL_SIZE,
+    STAGES,
+    rank,
+)
 from harness.schema.records import LABELS, CellRecord, Outcome, outcome_label
 
 SPEED_LEGEND = (
@@ -186,8 +195,15 @@ def noise_statement(timings: Sequence[tuple[bool, float]]) -> str | None:
     )
 
 
-def case_size_order(key: tuple[str, str]) -> tuple[str, int]:
-    return key[0], rank(SIZES, key[1])
+def table_order(key: tuple[str, str, str]) -> tuple[str, int, int]:
+    """Tables by case, then size, then stage (forward, train, fit)."""
+    return key[0], rank(SIZES, key[1]), rank(STAGES, key[2])
+
+
+def table_heading(case: str, size: str, stage: str, sized: bool, staged: bool) -> str:
+    """``case``, with ``(size upstream)`` and ``(stage train)`` where the run has several."""
+    facets = [f"size {size}"] * sized + [f"stage {stage}"] * staged
+    return f"{case}  ({', '.join(facets)})" if facets else case
 
 
 def render_summary(records: Sequence[CellRecord]) -> str:
@@ -195,10 +211,12 @@ def render_summary(records: Sequence[CellRecord]) -> str:
     lines: list[str] = []
     by_speed = speed_text(speed_ratios(records))
     sized = any(r.cell.size != SMALL_SIZE for r in records)
-    for case, size in sorted({(r.cell.case, r.cell.size) for r in records}, key=case_size_order):
-        mine = [r for r in records if (r.cell.case, r.cell.size) == (case, size)]
+    staged = any(r.cell.stage != FORWARD_STAGE for r in records)
+    tables = {(r.cell.case, r.cell.size, r.cell.stage) for r in records}
+    for case, size, stage in sorted(tables, key=table_order):
+        mine = [r for r in records if (r.cell.case, r.cell.size, r.cell.stage) == (case, size, stage)]
         precision = precision_line(mine)
-        heading = f"{case}  (size {size})" if sized else case
+        heading = table_heading(case, size, stage, sized, staged)
         lines += [heading, *("  " + row for row in case_table(mine)), *detail_lines(mine)]
         lines += [precision, ""] if precision else [""]
         speed = case_table(mine, by_speed)

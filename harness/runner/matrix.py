@@ -17,7 +17,16 @@ from harness.measure.environment import (
     environment_skip_reason,
     torch_version_skip_reason,
 )
-from harness.schema.axes import AXIS, CONTROL_DTYPE, CONTROL_FIX, CONTROL_MODE, DEFAULT_SIZES, Cell
+from harness.schema.axes import (
+    AXIS,
+    CONTROL_DTYPE,
+    CONTROL_FIX,
+    CONTROL_MODE,
+    DEFAULT_SIZES,
+    DEFAULT_STAGES,
+    FORWARD_STAGE,
+    Cell,
+)
 from harness.schema.selection import Selection
 
 
@@ -64,25 +73,41 @@ def concrete_sizes(case: Case, device: str, requested: Sequence[str]) -> tuple[s
     return tuple(size for size in case.size_names if size in wanted)
 
 
-def case_cells(case: Case, devices: Sequence[str], sizes: Sequence[str] = ()) -> Iterator[Cell]:
-    """Every cell a case declares, in a stable order: one size after the other (the cells
-    of one size share a reference)."""
+def concrete_stages(case: Case, requested: Sequence[str]) -> tuple[str, ...]:
+    """The stages this case runs: those asked for (``--stage``; ``all`` is every stage),
+    else the default ones (``forward`` and ``train``: a fit is run on request), among the
+    stages the case declares."""
+    if "all" in requested:
+        return case.stages
+    wanted = requested or DEFAULT_STAGES
+    return tuple(stage for stage in case.stages if stage in wanted)
+
+
+def case_cells(
+    case: Case, devices: Sequence[str], sizes: Sequence[str] = (), stages: Sequence[str] = ()
+) -> Iterator[Cell]:
+    """Every cell a case declares, in a stable order: one size and stage after the other
+    (the cells of one size and stage share a reference)."""
     for size in case.size_names:
-        for fix in case.fixes.values():
-            for device in devices:
-                if size in concrete_sizes(case, device, sizes):
-                    yield from fix_cells(case, fix, device, size)
+        for stage in concrete_stages(case, stages):
+            for fix in case.fixes.values():
+                for device in devices:
+                    if size in concrete_sizes(case, device, sizes):
+                        yield from fix_cells(case, fix, device, size, stage)
 
 
-def fix_cells(case: Case, fix: Fix, device: str, size: str) -> Iterator[Cell]:
-    """A fix's cells on one device at one size: its modes, dtypes, backends, compiles."""
+def fix_cells(
+    case: Case, fix: Fix, device: str, size: str, stage: str = FORWARD_STAGE
+) -> Iterator[Cell]:
+    """A fix's cells on one device at one size and stage: its modes, dtypes, backends,
+    compiles."""
     for mode in fix.modes or case.modes:
         if mode == CONTROL_MODE and fix.name != CONTROL_FIX:
             continue
         dtypes = (CONTROL_DTYPE,) if mode == CONTROL_MODE else case.dtypes
         backends = fix.backends or case.backends
         for dtype, backend, compiled in itertools.product(dtypes, backends, case.compiles):
-            yield Cell(case.name, fix.name, device, dtype, mode, backend, compiled, size)
+            yield Cell(case.name, fix.name, device, dtype, mode, backend, compiled, size, stage)
 
 
 def skip_reason(case: Case, cell: Cell) -> str | None:
@@ -100,7 +125,7 @@ def expand(cases: Iterable[Case], selection: Selection = Selection()) -> Plan:
         if not AXIS["case"].selects(selection["cases"], case.name):
             continue
         devices = concrete_devices(case, selection["devices"])
-        for cell in case_cells(case, devices, selection["sizes"]):
+        for cell in case_cells(case, devices, selection["sizes"], selection["stages"]):
             if not selection.selects(cell):
                 continue
             reason = skip_reason(case, cell)

@@ -179,9 +179,10 @@ def batches_of(cells: Sequence[Cell], size: int) -> list[list[Cell]]:
     return batches
 
 
-def batch_key(cell: Cell) -> tuple[str, str, str]:
-    """Cells that may share a forked process: one case on one device at one size."""
-    return cell.case, cell.device, cell.size
+def batch_key(cell: Cell) -> tuple[str, str, str, str]:
+    """Cells that may share a forked process: one case on one device at one size and
+    stage (they share a reference)."""
+    return cell.case, cell.device, cell.size, cell.stage
 
 
 def execute_cells(run_dir: Path, plan: Plan, workers: int, config: RunConfig) -> int:
@@ -344,7 +345,7 @@ def time_columns(
 
 def timing_batches(columns: dict[str, list[CellRecord]]) -> list[dict[str, list[CellRecord]]]:
     """The columns of one case on one device, timed in one forked process."""
-    batches: dict[tuple[str, str, str], dict[str, list[CellRecord]]] = {}
+    batches: dict[tuple[str, str, str, str], dict[str, list[CellRecord]]] = {}
     for name, column in columns.items():
         batches.setdefault(batch_key(column[0].cell), {})[name] = column
     return list(batches.values())

@@ -72,6 +72,16 @@ TIMED_SIZE = {"cuda": UPSTREAM_SIZE, "cpu": SMALL_SIZE}
 #: at both sizes where that is affordable (a GPU), the small size alone on a CPU.
 DEFAULT_SIZES = {"cuda": SIZES, "cpu": (SMALL_SIZE,)}
 
+#: What a cell runs: ``forward``, one pass under ``no_grad`` (every case has it); ``train``,
+#: one training step with the recipe of the cell's mode (the loss and every gradient
+#: judged against a float64 step); ``fit``, a short run of steps.
+FORWARD_STAGE = "forward"
+TRAIN_STAGE = "train"
+FIT_STAGE = "fit"
+STAGES = (FORWARD_STAGE, TRAIN_STAGE, FIT_STAGE)
+#: The stages a run covers unless ``--stage`` says otherwise (a fit is asked for).
+DEFAULT_STAGES = (FORWARD_STAGE, TRAIN_STAGE)
+
 #: Device kinds a case may declare; ``cuda`` expands to every visible ``cuda:N``.
 DEVICE_KINDS = ("cpu", "cuda")
 
@@ -187,6 +197,17 @@ class Cell:
         requests=("all",),
         flag_help="; small, upstream or all (default: small on cpu, both sizes on cuda)",
     )
+    #: ``forward``, ``train`` or ``fit`` (see :data:`STAGES`); a case opts in per stage.
+    stage: str = axis(
+        "stages",
+        vocabulary=STAGES,
+        default=FORWARD_STAGE,
+        named_in_id=True,
+        column=True,
+        model_default=(FORWARD_STAGE,),
+        requests=("all",),
+        flag_help="; forward, train, fit or all (default: forward)",
+    )
 
     @property
     def id(self) -> str:
@@ -210,7 +231,7 @@ class Cell:
     def column(self) -> Column:
         """The cells compared side by side (timed together, ranked against each other):
         never across workload sizes."""
-        return Column(self.case, self.device, self.dtype, self.mode, self.size)
+        return Column(self.case, self.device, self.dtype, self.mode, self.size, self.stage)
 
     def to_dict(self) -> dict[str, str]:
         return dataclasses.asdict(self)
@@ -275,10 +296,12 @@ class Column:
     dtype: str
     mode: str
     size: str = SMALL_SIZE
+    stage: str = FORWARD_STAGE
 
     @property
     def id(self) -> str:
-        """``case[device,dtype,mode]``, with ``,size=upstream`` as in a cell's id."""
+        """``case[device,dtype,mode]``, with ``,size=upstream`` and ``,stage=train`` as in a
+        cell's id."""
         return axis_id(self, COLUMN_AXES)
 
 

@@ -72,6 +72,8 @@ class NoteKind(str, Enum):
     NOT_RERUNNABLE = "not-rerunnable"
     #: Timed alone: another fix of its column killed the timing process they shared.
     TIMED_ALONE = "timed-alone"
+    #: A training step's GradScaler skipped steps (gradients not finite) before it ran.
+    SCALER = "scaler"
     #: The notes of a record of schema 3 or older, stored joined in one text: their kinds
     #: were not recorded (and a note's own text may hold ``"; "``, so they are not split).
     JOINED = "joined"

@@ -1,0 +1,190 @@
+"""One training step with the recipe of a cell's mode, the way people train in mixed
+precision: the harness, not the case, applies it, so a case cannot forget it.
+
+- ``autocast``: float32 weights; forward and loss under ``torch.autocast``; backward outside
+  it. float16 adds ``torch.amp.GradScaler`` (the loss scaled, the gradients unscaled before
+  they are read, as Lightning and accelerate do before clipping); bfloat16 runs without one.
+- ``half``: weights in the dtype, their gradients too (Lightning ``16-true``/``bf16-true``).
+- ``half-autocast``: half weights under autocast.
+- ``fp32``, and the float64 reference: plain.
+
+What the step gives back to be judged is the loss and every trainable parameter's gradient,
+as named leaves (``loss``, ``grad.attn.q_proj.weight``), so they are compared with a float64
+step of the same model and data leaf by leaf, by the rule every output is judged by. The
+step's optimizer update is the ``fit`` stage's to judge.
+
+The loss is the case's (``Case.loss``), else the ``loss`` a model's output carries (a
+transformers model given ``labels``), else the mean squared error of every floating output
+against a fixed random target (:func:`default_loss`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from harness.measure.precision import Precision, autocast_region, output_leaves
+from harness.schema.records import Note, NoteKind
+
+#: The seed of the default loss's random target: the same target in every cell.
+TARGET_SEED = 1234
+#: GradScaler's default initial scale, and how many halvings a step may take before its
+#: gradients are finite (2**16 down to 2**-8: past it the gradients are not finite at any
+#: scale, and the cell is judged with what the last try left).
+INIT_SCALE = 2.0**16
+MAX_BACKOFFS = 24
+GRAD_PREFIX = "grad."
+
+
+class TrainingError(ValueError):
+    """A model that cannot be trained as given (no trainable parameters, a loss that is not
+    a scalar), said in one line."""
+
+
+@dataclass(frozen=True)
+class TrainedStep:
+    """What one training step leaves to be judged: the loss and the gradients as named
+    leaves, the forward output (for the checks of what the mode promised), and a note on
+    what the GradScaler did, if it skipped steps."""
+
+    leaves: dict[str, torch.Tensor]
+    forward_output: Any
+    note: Note | None = None
+
+
+def trainable_parameters(model: Any) -> dict[str, torch.Tensor]:
+    """The floating parameters that require a gradient, by name; a model that is one tensor
+    (a weight the fix multiplies by) is its own parameter, ``model``."""
+    params: dict[str, torch.Tensor]
+    if isinstance(model, torch.nn.Module):
+        params = {
+            name: p
+            for name, p in model.named_parameters()
+            if p.requires_grad and p.is_floating_point()
+        }
+    elif isinstance(model, torch.Tensor) and model.is_floating_point():
+        params = {"model": model.requires_grad_(True)}
+    else:
+        params = {}
+    if not params:
+        raise TrainingError("the model has no trainable parameters: nothing to train")
+    return params
+
+
+def default_loss(output: Any) -> torch.Tensor:
+    """The mean squared error of each floating output leaf against a fixed random target
+    of its shape (drawn in float64 on the CPU from ``TARGET_SEED``, then cast to the leaf's
+    dtype and device), summed over the leaves."""
+    generator = torch.Generator().manual_seed(TARGET_SEED)
+    total: torch.Tensor | None = None
+    for leaf in output_leaves(output).values():
+        if not leaf.is_floating_point():
+            continue
+        target = torch.randn(leaf.shape, generator=generator, dtype=torch.float64)
+        term = F.mse_loss(leaf, target.to(device=leaf.device, dtype=leaf.dtype))
+        total = term if total is None else total + term
+    if total is None:
+        raise TrainingError("the output has no floating tensor to take a loss of")
+    return total
+
+
+def model_loss(output: Any) -> torch.Tensor | None:
+    """The loss a model's output carries (``output.loss``, ``output["loss"]``), if any."""
+    found = getattr(output, "loss", None)
+    if found is None and isinstance(output, dict):
+        found = output.get("loss")
+    return found if isinstance(found, torch.Tensor) else None
+
+
+def scalar_loss(loss: Any) -> torch.Tensor:
+    if not isinstance(loss, torch.Tensor):
+        raise TrainingError(f"the loss is {type(loss).__name__}, not a tensor")
+    if loss.numel() != 1:
+        raise TrainingError(f"the loss is not a scalar: it has shape {tuple(loss.shape)}")
+    if not loss.requires_grad:
+        raise TrainingError("the loss does not depend on any trainable parameter")
+    return loss.reshape(())
+
+
+def uses_grad_scaler(precision: Precision) -> bool:
+    """float16 under autocast with float32 weights trains with a GradScaler (the AMP
+    recipe); bfloat16 and the half modes without (a GradScaler refuses to unscale float16
+    gradients: half weights train unscaled, as Lightning's ``16-true`` does)."""
+    return (
+        precision.uses_autocast
+        and not precision.casts_model
+        and not precision.is_reference
+        and precision.dtype == torch.float16
+        and not precision.managed_by_case
+    )
+
+
+def grad_scaler_skip_reason(device: str) -> str | None:
+    """Why the AMP recipe cannot run here, or None: ``torch.amp.GradScaler`` (torch 2.3+)
+    is what scales on a CPU; before it only CUDA had one (``torch.cuda.amp``)."""
+    if hasattr(torch.amp, "GradScaler"):
+        return None
+    if device.startswith("cuda"):
+        return None
+    return "a GradScaler on the CPU needs torch 2.3+ (torch.amp.GradScaler)"
+
+
+def make_grad_scaler(device: torch.device) -> Any:
+    if hasattr(torch.amp, "GradScaler"):
+        return torch.amp.GradScaler(device.type, init_scale=INIT_SCALE)
+    return torch.cuda.amp.GradScaler(init_scale=INIT_SCALE)  # pragma: no cover - torch < 2.3
+
+
+def train_step(
+    forward: Callable[[], Any],
+    loss_of: Callable[[Any], Any],
+    model: Any,
+    precision: Precision,
+) -> TrainedStep:
+    """Forward and loss under the mode's autocast, backward outside it, with the GradScaler
+    the recipe asks for; the loss and the gradients of ``model``'s trainable parameters."""
+    params = trainable_parameters(model)
+    with torch.enable_grad(), autocast_region(precision):
+        output = forward()
+        loss = scalar_loss(loss_of(output))
+    if uses_grad_scaler(precision):
+        note = scaled_backward(loss, params, precision.device)
+    else:
+        loss.backward()
+        note = None
+    grads = {
+        GRAD_PREFIX + name: p.grad.detach() for name, p in params.items() if p.grad is not None
+    }
+    return TrainedStep({"loss": loss.detach(), **grads}, output, note)
+
+
+def scaled_backward(
+    loss: torch.Tensor, params: dict[str, torch.Tensor], device: torch.device
+) -> Note | None:
+    """Backward through a GradScaler, its gradients unscaled; where they were not finite
+    the scaler skips the step and halves its scale, and the step is taken again (as the
+    next step of a fit would be), up to ``MAX_BACKOFFS`` times. A note says what it
+    skipped and the scale the step ran at."""
+    scaler = make_grad_scaler(device)
+    optimizer = torch.optim.SGD(list(params.values()), lr=0.0)
+    skipped: list[float] = []
+    for _ in range(MAX_BACKOFFS):
+        optimizer.zero_grad(set_to_none=True)
+        scale = scaler.get_scale()
+        scaler.scale(loss).backward(retain_graph=True)
+        scaler.unscale_(optimizer)
+        if all(torch.isfinite(p.grad).all() for p in params.values() if p.grad is not None):
+            break
+        skipped.append(scale)
+        scaler.update()  # the skipped step: the scale halves
+    if not skipped:
+        return None
+    return Note(
+        NoteKind.SCALER,
+        f"GradScaler skipped {len(skipped)} step(s) with gradients not finite at scale "
+        f"{', '.join(f'{s:g}' for s in skipped)}; the step ran at scale {scaler.get_scale():g}",
+    )
