@@ -17,6 +17,7 @@ from harness.measure.environment import (
     environment_skip_reason,
     torch_version_skip_reason,
 )
+from harness.measure.training import grad_scaler_skip_reason
 from harness.schema.axes import (
     AXIS,
     CONTROL_DTYPE,
@@ -24,7 +25,9 @@ from harness.schema.axes import (
     CONTROL_MODE,
     DEFAULT_SIZES,
     DEFAULT_STAGES,
+    FIT_STAGE,
     FORWARD_STAGE,
+    TRAIN_STAGE,
     Cell,
 )
 from harness.schema.selection import Selection
@@ -110,12 +113,25 @@ def fix_cells(
             yield Cell(case.name, fix.name, device, dtype, mode, backend, compiled, size, stage)
 
 
+#: Why a fit cell does not run yet: the stage is declared, its steps are not built.
+FIT_NOT_BUILT = "the fit stage (a short run of optimizer steps) is not built yet"
+
+
 def skip_reason(case: Case, cell: Cell) -> str | None:
     return (
-        environment_skip_reason(cell, case.requires)
+        (FIT_NOT_BUILT if cell.stage == FIT_STAGE else None)
+        or stage_skip_reason(cell)
+        or environment_skip_reason(cell, case.requires)
         or torch_version_skip_reason(case.min_torch)
         or case.skip_reason(cell)
     )
+
+
+def stage_skip_reason(cell: Cell) -> str | None:
+    """A train cell of float16 under autocast needs a GradScaler this torch has here."""
+    if cell.stage == TRAIN_STAGE and cell.mode == "autocast" and cell.dtype == "float16":
+        return grad_scaler_skip_reason(cell.device)
+    return None
 
 
 def expand(cases: Iterable[Case], selection: Selection = Selection()) -> Plan:
