@@ -24,7 +24,16 @@ from harness.results.computed_in import ComputedIn, computed_in, fix_computed_in
 from harness.results.search import release_key
 from harness.results.speed import SpeedRatios, record_key, speed_ratios
 from harness.results.summary import failure_line
-from harness.schema.axes import DTYPES, MODE_NAMES, SIZES, SMALL_SIZE, Cell, rank
+from harness.schema.axes import (
+    DTYPES,
+    FORWARD_STAGE,
+    MODE_NAMES,
+    SIZES,
+    SMALL_SIZE,
+    STAGES,
+    Cell,
+    rank,
+)
 from harness.schema.records import (
     DRIFT,
     REPRODUCES,
@@ -220,11 +229,13 @@ def records_frame(runs: Sequence[Run]) -> pd.DataFrame:
 def row_labels(frame: pd.DataFrame) -> pd.Series:
     """``fix``, or ``fix [backend]`` for cases that ran several backends, with
     `` @upstream`` for a cell of a workload size other than ``small`` (every figure says
-    which size it is from)."""
+    which size it is from) and `` · train`` for a cell of a stage other than ``forward``."""
     backends = frame.groupby("case")["backend"].transform("nunique")
     rows = frame["row_with_backend"].where(backends > 1, frame["row_without_backend"])
     sized = frame["size"] != SMALL_SIZE
-    return rows.where(~sized, rows + " @" + frame["size"])
+    rows = rows.where(~sized, rows + " @" + frame["size"])
+    trained = frame["stage"] != FORWARD_STAGE
+    return rows.where(~trained, rows + " · " + frame["stage"])
 
 
 def env_order(frame: pd.DataFrame) -> list[str]:
@@ -244,16 +255,16 @@ def column_order(frame: pd.DataFrame) -> list[tuple[str, str, str]]:
 
 def row_order(frame: pd.DataFrame) -> list[tuple[str, str]]:
     """(case, row) pairs: cases by name, the upstream path ``none`` first in each."""
-    pairs = frame.drop_duplicates(["case", "row"])[["case", "row", "fix", "size"]]
+    pairs = frame.drop_duplicates(["case", "row"])[["case", "row", "fix", "size", "stage"]]
     ordered = sorted(
         pairs.itertuples(index=False),
-        key=lambda p: (p.case, rank(SIZES, p.size), p.fix != "none", p.row),
+        key=lambda p: (p.case, rank(SIZES, p.size), rank(STAGES, p.stage), p.fix != "none", p.row),
     )
     return [(p.case, p.row) for p in ordered]
 
 
 #: What the summary matrix reads of the frame (its filters copy only these).
-MATRIX_COLUMNS = ["case", "row", "env", "dtype", "mode", "label", "fix", "size", "torch_version",
+MATRIX_COLUMNS = ["case", "row", "env", "dtype", "mode", "label", "fix", "size", "stage", "torch_version",
                   "device"]  # fmt: skip
 
 
