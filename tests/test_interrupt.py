@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,14 +14,16 @@ import pytest
 
 from harness.results import storage
 from harness.runner.run import missing_cells
-from tests.conftest import ROOT, harness, only_run_dir
+from tests.conftest import FIXTURES, ROOT, harness, only_run_dir
 
-CASE = ("--case", "sana-softmax-float", "--device", "cpu", "--size", "small")
+#: Five cells of a second each: the run is still going when the first one is recorded.
+CASE = ("--cases-dir", str(FIXTURES / "slow_cases"), "--case", "toy-slow-cells")
 
 
 def interrupt_after_first_cell(out: Path, workers: str) -> subprocess.CompletedProcess[str]:
     """``harness run`` stopped by SIGINT to its process group (what Ctrl-C in a terminal
-    sends) once its first cell is recorded."""
+    sends) once its first cell is recorded (each cell takes a second, so the others are
+    still to come)."""
     process = subprocess.Popen(
         [sys.executable, "-m", "harness", "run", *CASE, "--no-timing", "--batch", "1",
          "-n", workers, "--out", str(out)],
@@ -33,7 +36,7 @@ def interrupt_after_first_cell(out: Path, workers: str) -> subprocess.CompletedP
     lines = []
     for line in process.stdout:
         lines.append(line)
-        if line.startswith("[ 1/"):
+        if re.match(r"\[ *1/", line):
             break
     os.killpg(process.pid, signal.SIGINT)
     rest, stderr = process.communicate(timeout=120)
