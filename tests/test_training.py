@@ -142,3 +142,16 @@ def test_check_of_a_model_with_nothing_to_train_is_recorded_not_a_traceback(
     assert "Traceback" not in result.stderr
     records = storage.read_records(only_run_dir(tmp_path / "results"))
     assert records and all("no trainable parameters" in (r.error_message or "") for r in records)
+
+
+def test_a_step_taken_again_gives_the_same_gradients() -> None:
+    """The timing phase repeats a train cell's step: gradients must not accumulate."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(8, 8).to(torch.bfloat16)
+    x = torch.randn(4, 8, dtype=torch.bfloat16)
+    precision = Precision(torch.device("cpu"), torch.bfloat16, "half")
+    first = train_step(lambda: layer(x), default_loss, layer, precision)
+    again = train_step(lambda: layer(x), default_loss, layer, precision)
+    assert first.leaves.keys() == again.leaves.keys()
+    for name, grad in first.leaves.items():
+        assert torch.equal(grad, again.leaves[name]), name

@@ -148,6 +148,8 @@ def train_step(
     """Forward and loss under the mode's autocast, backward outside it, with the GradScaler
     the recipe asks for; the loss and the gradients of ``model``'s trainable parameters."""
     params = trainable_parameters(model)
+    for param in params.values():  # each step starts from no gradient (a timed step repeats)
+        param.grad = None
     with torch.enable_grad(), autocast_region(precision):
         output = forward()
         loss = scalar_loss(loss_of(output))
