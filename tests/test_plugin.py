@@ -241,3 +241,21 @@ def test_settings_a_test_module_changes_at_import_are_put_back_for_each_cell(
     assert len(settled) == 1 and "default dtype torch.float32 -> torch.float16" in settled[0]
     assert "float32 matmul precision highest -> medium" in settled[0]
     assert {r.out_dtype for r in records if r.cell.mode == "half"} == {"float16", "bfloat16"}
+
+
+def test_check_model_trains_the_model_where_asked(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_trained="""
+import torch
+from harness import check_model
+
+@check_model(modes=("half", "autocast"), stages=("forward", "train"))
+def test_mlp():
+    torch.manual_seed(0)
+    layers = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    return layers, {"input": torch.randn(8, 16)}
+"""
+    )
+    result = pytester.runpytest_subprocess(*PLUGIN_ARGS, "-p", "no:cacheprovider", "-v")
+    assert outcomes_of(result) == {"passed": 10}
+    result.stdout.fnmatch_lines(["*test_mlp?float16-autocast-train? PASSED*"])
