@@ -258,6 +258,35 @@ def test_dia_fp32_norm_output_meets_the_half_kv_cache(seeds: None, dtype: str) -
     assert failure.input_dtypes == ("float32", dtype, dtype)
 
 
+@pytest.mark.parametrize("fix", ["none", "cast-kv-to-q", "cast-qkv-to-cache"])
+def test_dia_upcast_undone_before_sdpa_only_where_the_fp32_norm_returns_float32(
+    seeds: None, fix: str
+) -> None:
+    """Dia's ``DenseGeneral`` returns its input's dtype (``output.to(inputs.dtype)``): a cast
+    up to float32 where the fp32 ``pre_sa_norm`` returned float32 for half input (torch
+    2.4), which autocast casts back down before SDPA; a no-op where the norm returns the
+    input's dtype (newer torch). SDPA computes in bfloat16 either way, so the flag is there
+    exactly where the code cast up."""
+    import cases.dia_sdpa_kv_cache as dia
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        half = torch.ones(2, 4, dtype=torch.bfloat16)
+        norm_promotes = F.rms_norm(half, (4,), torch.ones(4)).dtype == torch.float32
+    record = run_seed("dia-sdpa-kv-cache", fix, "bfloat16", "half-autocast", "sdpa")
+    assert record.outcome is Outcome.PASSES and record.trail is not None
+    assert record.trail.compute_dtypes["attention"] == ("bfloat16",)
+    undone = [f for f in record.flags if f.kind == "undone-upcast"]
+    # cast-qkv-to-cache casts q back to the cache's bfloat16 itself: nothing for autocast to undo
+    assert bool(undone) == (norm_promotes and fix != "cast-qkv-to-cache"), record.flags
+    if undone:
+        lines, first = inspect.getsourcelines(dia.DenseGeneral.forward)
+        cast = first + next(n for n, text in enumerate(lines) if "output.to(" in text)
+        assert undone[0].detail.startswith(
+            f"the explicit cast up at cases/dia_sdpa_kv_cache.py:{cast} was cast back to "
+            "bfloat16 by autocast before aten::_scaled_dot_product"
+        )
+
+
 @pytest.mark.parametrize(
     ("case", "dtype", "module", "autocast"),
     [

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.measure import execute, fix_run, judging, registry
 from harness.measure.case import Case, RunContext, Workload, fix
@@ -88,20 +89,54 @@ def test_another_fix_is_judged_against_the_trusted_fix(toy_registry: None) -> No
 
 
 class QKVFloat(nn.Module):
-    """Attention whose q, k and v are cast to float32 on purpose before SDPA."""
+    """Attention whose q, k and v are cast to float32 on purpose before its core: SDPA on
+    (batch, heads, seq, dim), which SDPA's fused CPU kernel takes (``fused``); SDPA on 3-D
+    q, k and v (heads folded into the batch), which it does not, so its math fallback runs
+    (``math``); or softmax(q k^T) v by ``@`` (``matmul``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, core: str = "fused") -> None:
         super().__init__()
         self.qkv = nn.Linear(16, 48)
+        self.core = core
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(x).unflatten(-1, (3, 2, 8)).transpose(1, 3).unbind(2)
+        if self.core == "math":
+            q, k, v = q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1)
         q, k, v = q.float(), k.float(), v.float()  # intended upcast
+        if self.core == "matmul":
+            return (q @ k.transpose(-2, -1) * 8**-0.5).softmax(-1) @ v
         return F.scaled_dot_product_attention(q, k, v)
 
 
-def qkv_float() -> tuple[Any, ...]:
-    return QKVFloat().eval(), {"x": torch.randn(2, 6, 16)}
+def qkv_float(core: str = "fused") -> tuple[Any, ...]:
+    return QKVFloat(core).eval(), {"x": torch.randn(2, 6, 16)}
+
+
+class AttentionKernelInputs(TorchDispatchMode):
+    """The dtypes the attention kernels (SDPA's fused kernels, its math fallback's and
+    ``@``'s ``bmm``) receive, seen apart from the harness's tracer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dtypes: set[torch.dtype] = set()
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        name = func.overloadpacket.__name__
+        if name == "bmm" or "attention" in name:
+            self.dtypes.update(a.dtype for a in args[:3] if isinstance(a, torch.Tensor))
+        return func(*args, **(kwargs or {}))
+
+
+def attention_inputs_under_autocast(core: str, dtype: torch.dtype) -> set[torch.dtype]:
+    """What the ``autocast`` cell computes attention in: float32 weights and inputs run
+    under CPU autocast, as the harness runs them."""
+    model, inputs = qkv_float(core)
+    with torch.no_grad(), torch.autocast("cpu", dtype=dtype), AttentionKernelInputs() as seen:
+        model(**inputs)
+    return seen.dtypes
 
 
 def test_an_upcast_that_autocast_undoes_is_flagged_with_the_line_of_the_cast(
@@ -117,6 +152,30 @@ def test_an_upcast_that_autocast_undoes_is_flagged_with_the_line_of_the_cast(
     half = records["half"]
     assert [f.kind for f in half.flags] == [DRIFT]
     assert half.flags[0].share is not None and half.flags[0].share > 0.1
+
+
+@pytest.mark.parametrize("core", ["fused", "math", "matmul"])
+def test_an_upcast_is_flagged_undone_iff_attention_gets_the_autocast_dtype(
+    clean_registry: None, core: str
+) -> None:
+    """The flag follows what the kernels receive, whatever the torch release: autocast
+    casts q, k and v down at SDPA (or ``matmul``), whose kernels come after layout ops and,
+    in SDPA's math fallback, a scaling of q and k; torch 2.4.1's math fallback computes in
+    the dtype autocast cast to (flagged), 2.13.0's casts back to float32 itself (not
+    undone: the drift flag says attention ran in float32)."""
+    received = attention_inputs_under_autocast(core, torch.bfloat16)
+    assert len(received) == 1, received
+    (kernel_dtype,) = received
+    matrix = Matrix(dtypes=("bfloat16",), modes=("autocast",))
+    records = run_model(f"qkv-float-{core}", lambda: qkv_float(core), matrix)
+    (record,) = [r for r in records if r.cell.mode == "autocast"]
+    assert record.trail is not None
+    computed = {d for dtypes in record.trail.compute_dtypes.values() for d in dtypes}
+    assert str(kernel_dtype).removeprefix("torch.") in computed
+    undone = [f for f in record.flags if f.kind == UNDONE_UPCAST]
+    assert bool(undone) == (kernel_dtype.itemsize < torch.float32.itemsize), record.flags
+    if undone:
+        assert f"{line_of('# intended upcast')} was cast back to bfloat16" in undone[0].detail
 
 
 class RopeIsland(nn.Module):

@@ -67,6 +67,13 @@ LAYOUT_OPS = frozenset(
         "flatten", "unflatten", "repeat", "cat", "stack",
     }
 )  # fmt: skip
+#: Ops that scale a tensor by a number (every other input a 0-dim tensor, or none): a tensor
+#: autocast cast back down stays "the undone upcast" through them and layout ops, on its way
+#: to the kernel autocast cast it for. SDPA's math fallback (CPU inputs the fused kernel
+#: does not take: dropout, not 4-D, a head dim that differs) scales q and k before its
+#: ``bmm``; on torch 2.4.1 that ``bmm`` runs in the dtype autocast cast to (on 2.13.0 the
+#: math path casts half inputs back to float32 itself, and no tensor there is marked undone).
+SCALING_OPS = frozenset({"mul", "div"})
 #: Ops that turn Python data into a tensor (``torch.tensor([...])``).
 FROM_DATA_OPS = frozenset({"lift_fresh", "lift_fresh_copy", "lift"})
 #: Set on a tensor the code cast up explicitly (and on what is computed from it, wide):
@@ -94,6 +101,11 @@ def floating_tensors(tree: Any) -> list[torch.Tensor]:
         elif isinstance(item, (list, tuple, dict)):
             found += floating_tensors(item)
     return found
+
+
+def scales_one(inputs: list[torch.Tensor]) -> bool:
+    """One tensor scaled by numbers: every other floating input is 0-dim."""
+    return sum(t.dim() > 0 for t in inputs) == 1
 
 
 def widens(dtype: torch.dtype, low: torch.dtype) -> bool:
@@ -324,7 +336,9 @@ class DtypeTracer(LazyDynamoMode):
     def follow_casts(
         self, func: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor]
     ) -> None:
-        """Mark what the code cast up explicitly, and what autocast cast back down of it."""
+        """Mark what the code cast up explicitly, and what autocast cast back down of it;
+        carry the marks through layout ops (and the cast-down one through a scaling by a
+        number) to the kernel they feed."""
         if not (inputs and outputs):
             return
         if short_name(func) in CAST_OPS:
@@ -341,11 +355,21 @@ class DtypeTracer(LazyDynamoMode):
             ):
                 setattr(result, UNDONE_ATTR, upcast)
             return
-        if self.upcast_seen and short_name(func).split(".")[0] in LAYOUT_OPS:
-            upcast = next((u for t in inputs if (u := getattr(t, UPCAST_ATTR, None))), None)
+        if not self.upcast_seen:
+            return
+        name = short_name(func).split(".")[0]
+        if name in LAYOUT_OPS:
+            self.carry(UPCAST_ATTR, inputs, [t for t in outputs if widens(t.dtype, self.low)])
+        if name in LAYOUT_OPS or (name in SCALING_OPS and scales_one(inputs)):
+            self.carry(UNDONE_ATTR, inputs, [t for t in outputs if t.dtype == self.low])
+
+    @staticmethod
+    def carry(attr: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
+        """Mark ``outputs`` with the first ``attr`` mark among ``inputs``."""
+        mark = next((m for t in inputs if (m := getattr(t, attr, None))), None)
+        if mark is not None:
             for t in outputs:
-                if upcast is not None and widens(t.dtype, self.low):
-                    setattr(t, UPCAST_ATTR, upcast)
+                setattr(t, attr, mark)
 
     def note_undone(self, func: Any, inputs: list[torch.Tensor]) -> None:
         cast = next((u for t in inputs if (u := getattr(t, UNDONE_ATTR, None))), None)
