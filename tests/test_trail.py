@@ -228,9 +228,9 @@ def trail_of_raise(case: str, dtype: str, mode: str, backend: str) -> tuple[Prom
 def test_sana_float_of_q_and_k_then_attn_at_v(seeds: None, dtype: str) -> None:
     promotion, failure = trail_of_raise("sana-softmax-float", dtype, "half", "eager")
     assert promotion.carrier == "an explicit cast (.float() / .to())"
-    assert str(promotion.site.location).endswith("sana_softmax_float.py:147")  # q, k = q.float()
+    assert str(promotion.site.location).endswith("sana_softmax_float.py:148")  # q, k = q.float()
     assert (failure.op, failure.input_dtypes) == ("aten::bmm", ("float32", dtype))
-    assert str(failure.location).endswith("sana_softmax_float.py:148")  # ... @ v
+    assert str(failure.location).endswith("sana_softmax_float.py:149")  # ... @ v
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
