@@ -133,6 +133,8 @@ def test_seed_case_reproduces_through_the_cli(tmp_path: Path) -> None:
         "-n",
         "0",
         "--no-timing",
+        "--stage",
+        "forward",
     )
     assert result.returncode == 0, result.stderr
     lines = (only_run_dir(tmp_path) / "cells.jsonl").read_text().splitlines()

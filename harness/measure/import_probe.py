@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 
+from harness.measure import forking
+
 #: How long the imports of one probe may take, in seconds (a model module that imports
 #: transformers takes a few), unless ``AMPMATRIX_IMPORT_TIMEOUT`` says otherwise.
 IMPORT_TIMEOUT_S = 300.0
@@ -64,7 +66,8 @@ def first_fatal(
         return None
     limit = import_timeout() if timeout_s is None else timeout_s
     read, write = os.pipe()
-    pid = os.fork()
+    with forking.sigint_blocked():
+        pid = os.fork()
     if pid == 0:  # pragma: no cover - the child; its coverage is not collected
         os.close(read)
         _run_steps_quietly(steps, write)
@@ -87,7 +90,7 @@ def first_fatal(
 
 def _run_steps_quietly(steps: Sequence[Callable[[], object]], write: int) -> None:
     """The child: each step, its survival said on the pipe; then leave without cleanup."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    forking.child_ignores_sigint()
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)

@@ -264,8 +264,8 @@ def row_order(frame: pd.DataFrame) -> list[tuple[str, str]]:
 
 
 #: What the summary matrix reads of the frame (its filters copy only these).
-MATRIX_COLUMNS = ["case", "row", "env", "dtype", "mode", "label", "fix", "size", "stage", "torch_version",
-                  "device"]  # fmt: skip
+MATRIX_COLUMNS = ["case", "row", "env", "dtype", "mode", "label", "fix", "size", "stage",
+                  "torch_version", "device"]  # fmt: skip
 
 
 def summary_matrix(frame: pd.DataFrame) -> pd.DataFrame:

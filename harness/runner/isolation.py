@@ -40,6 +40,7 @@ from harness.measure import (
     cell_timing,
     errors,
     execute,
+    forking,
     perf,
     references,
     registry,
@@ -340,7 +341,8 @@ class ForkedStream:
         self.child = context.Process(
             target=_child, args=(send, work, memory, threads, os.getpid())
         )
-        self.child.start()
+        with forking.sigint_blocked():
+            self.child.start()
         send.close()
 
     def __enter__(self) -> ForkedStream:
@@ -384,9 +386,7 @@ def _child(
     what stopped it (any exception the work let out, ``KeyboardInterrupt`` and
     ``SystemExit`` included)."""
     try:
-        # Ctrl-C reaches the whole process group: the parent stops the run and ends this
-        # child; the child itself must not stop half-way (in a finaliser, say) and print.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        forking.child_ignores_sigint()  # the parent stops the run and ends this child
         die_with_parent(parent)
         if memory_bytes:
             resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))
