@@ -155,3 +155,21 @@ def test_a_step_taken_again_gives_the_same_gradients() -> None:
     assert first.leaves.keys() == again.leaves.keys()
     for name, grad in first.leaves.items():
         assert torch.equal(grad, again.leaves[name]), name
+
+
+def test_float16_training_without_a_scaler_loses_a_small_terms_gradients(
+    tmp_path: Path,
+) -> None:
+    result = harness(
+        "run", "--case", "fp16-no-grad-scaler", "--stage", "train", "--device", "cpu",
+        "--no-timing", "-n", "0", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    records = storage.read_records(only_run_dir(tmp_path))
+    (unscaled,) = cells(records, fix="none", dtype="float16", mode="autocast")
+    assert unscaled.outcome is Outcome.INACCURATE and unscaled.numerics is not None
+    assert (unscaled.numerics.leaf or "").startswith("grad.aux_head.")  # silent: no error
+    (scaled,) = cells(records, fix="grad-scaler", dtype="float16", mode="autocast")
+    assert scaled.outcome is Outcome.PASSES and scaled.numerics is not None
+    assert unscaled.numerics.rel_err > 20 * scaled.numerics.rel_err
+    assert {r.outcome for r in cells(records, dtype="bfloat16")} == {Outcome.PASSES}

@@ -162,6 +162,9 @@ class Fix:
     #: The parts this fix keeps in float32, where it keeps fewer than its case (a subset of
     #: the case's ``keep_fp32``); None: the case's.
     keep_fp32: tuple[str, ...] | None = None
+    #: In a train cell where the recipe scales the loss (float16 under autocast): whether
+    #: this fix's training does. False is upstream code that trains without a GradScaler.
+    grad_scaler: bool = True
 
 
 def fix(
@@ -172,9 +175,12 @@ def fix(
     modes: tuple[str, ...] | None = None,
     backends: tuple[str, ...] | None = None,
     keep_fp32: tuple[str, ...] | None = None,
+    grad_scaler: bool = True,
 ) -> Callable[[FixFunction], FixFunction]:
     """Mark a method of a Case as a fix. ``modes``/``backends`` narrow where it applies;
-    ``keep_fp32`` narrows what of the case's ``keep_fp32`` it keeps in float32."""
+    ``keep_fp32`` narrows what of the case's ``keep_fp32`` it keeps in float32;
+    ``grad_scaler=False`` is a fix whose training scales no loss (the upstream code path
+    of a case about training float16 without a GradScaler)."""
 
     def mark(func: FixFunction) -> FixFunction:
         func.__ampmatrix_fix__ = Fix(  # type: ignore[attr-defined]
@@ -185,6 +191,7 @@ def fix(
             modes=modes,
             backends=backends,
             keep_fp32=keep_fp32,
+            grad_scaler=grad_scaler,
         )
         return func
 

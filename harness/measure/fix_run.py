@@ -104,6 +104,7 @@ def call_fix(
             lambda output: case.loss(output, workload, ctx),
             workload.model,
             ctx.precision,
+            scaled=case.fixes[fix].grad_scaler,
         )
     grad = torch.enable_grad() if case.needs_grad else torch.no_grad()
     with grad, autocast_region(ctx.precision):

@@ -144,16 +144,18 @@ def train_step(
     loss_of: Callable[[Any], Any],
     model: Any,
     precision: Precision,
+    scaled: bool = True,
 ) -> TrainedStep:
     """Forward and loss under the mode's autocast, backward outside it, with the GradScaler
-    the recipe asks for; the loss and the gradients of ``model``'s trainable parameters."""
+    the recipe asks for (unless the code trained does without: ``scaled`` False); the loss
+    and the gradients of ``model``'s trainable parameters."""
     params = trainable_parameters(model)
     for param in params.values():  # each step starts from no gradient (a timed step repeats)
         param.grad = None
     with torch.enable_grad(), autocast_region(precision):
         output = forward()
         loss = scalar_loss(loss_of(output))
-    if uses_grad_scaler(precision):
+    if scaled and uses_grad_scaler(precision):
         note = scaled_backward(loss, params, precision.device)
     else:
         loss.backward()
