@@ -80,6 +80,57 @@ for name in sys.argv[2:]:
 """
 
 
+#: The same, for one training step: the loss (mean squared error against a fixed random
+#: target, as ``check`` takes by default) and every parameter's gradient against float64,
+#: float16 under autocast with a GradScaler, the half modes unscaled.
+PLAIN_TRAIN = """
+import copy, sys
+import torch
+import torch.nn.functional as F
+import {module} as models
+
+device = sys.argv[1]
+kind = device.split(":")[0]
+for name in sys.argv[2:]:
+    torch.manual_seed(0)
+    model, inputs = getattr(models, name)()[:2]
+    target = None
+
+    def step(model, cast_to=None, autocast_dtype=None):
+        global target
+        moved = {{k: v.to(device) for k, v in inputs.items()}}
+        if cast_to is not None:
+            moved = {{k: v.to(cast_to) if v.is_floating_point() else v for k, v in moved.items()}}
+        enabled = autocast_dtype is not None
+        with torch.autocast(kind, dtype=autocast_dtype, enabled=enabled):
+            out = model(**moved)
+            if target is None:
+                target = torch.randn(out.shape, generator=torch.Generator().manual_seed(1234),
+                                     dtype=torch.float64)
+            loss = F.mse_loss(out, target.to(device=out.device, dtype=out.dtype))
+        params = [p for p in model.parameters() if p.requires_grad]
+        if autocast_dtype == torch.float16:
+            scaler = torch.amp.GradScaler(kind)
+            optimizer = torch.optim.SGD(params, lr=0.0)
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+        else:
+            loss.backward()
+        return [p.grad.double() for p in params]
+
+    reference = step(copy.deepcopy(model).double().to(device), torch.float64)
+
+    def error(grads):
+        return max(((g - r).norm() / r.norm()).item() for g, r in zip(grads, reference))
+
+    base = model.to(device)
+    for dtype in (torch.float16, torch.bfloat16):
+        print(name, dtype, "autocast", error(step(copy.deepcopy(base), autocast_dtype=dtype)))
+        print(name, dtype, "half", error(step(copy.deepcopy(base).to(dtype), dtype)))
+    print(name, "float32", error(step(copy.deepcopy(base))))
+"""
+
+
 def timed(command: Sequence[str], cwd: Path) -> float:
     """Wall seconds of ``command``, with the project importable (as an install makes it)."""
     env = {
@@ -94,13 +145,20 @@ def timed(command: Sequence[str], cwd: Path) -> float:
 
 
 def side_by_side(
-    folder: Path, module: str, factories: list[str], device: str, rounds: int
+    folder: Path,
+    module: str,
+    factories: list[str],
+    device: str,
+    rounds: int,
+    stage: str = "forward",
 ) -> tuple[float, float]:
-    """Median seconds of ``check`` and of the plain script, alternated ``rounds`` times."""
-    (folder / "plain.py").write_text(PLAIN.format(module=module))
+    """Median seconds of ``check`` and of the plain script, alternated ``rounds`` times, for
+    ``stage`` (a forward pass, or one training step)."""
+    script = PLAIN_TRAIN if stage == "train" else PLAIN
+    (folder / "plain.py").write_text(script.format(module=module))
     targets = [f"{module}:{name}" for name in factories]
     check = [sys.executable, "-m", "harness", "check", *targets, "--device", device]
-    check += ["--no-timing", "--out", str(folder / "results")]
+    check += ["--no-timing", "--stage", stage, "--out", str(folder / "results")]
     plain = [sys.executable, "plain.py", device, *factories]
     times: dict[str, list[float]] = {"check": [], "plain": []}
     for _ in range(rounds):
@@ -128,6 +186,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         (folder / "mymodels.py").write_text(BLOCK)
         check_s, plain_s = side_by_side(folder, "mymodels", ["block"], "cpu", args.rounds)
         report("one small model (an attention block)", "cpu", check_s, plain_s)
+        check_s, plain_s = side_by_side(
+            folder, "mymodels", ["block"], "cpu", args.rounds, stage="train"
+        )
+        report("a training step of the same model", "cpu", check_s, plain_s)
         if gpu_visible():
             sys.path.insert(0, str(ROOT / "benchmarks"))
             from gpu_models import MODELS
