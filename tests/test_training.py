@@ -173,3 +173,22 @@ def test_float16_training_without_a_scaler_loses_a_small_terms_gradients(
     assert scaled.outcome is Outcome.PASSES and scaled.numerics is not None
     assert unscaled.numerics.rel_err > 20 * scaled.numerics.rel_err
     assert {r.outcome for r in cells(records, dtype="bfloat16")} == {Outcome.PASSES}
+
+
+def test_a_timed_step_is_compared_by_its_loss_and_gradients() -> None:
+    """A step whose scaler skipped carries a note: the timing's check that repeated calls
+    compute the same compares the judged leaves, not the note."""
+    from harness.measure.cell_timing import same_output
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    precision = Precision(torch.device("cpu"), torch.float16, "autocast")
+    steps = [
+        train_step(
+            lambda: layer(x) * 1024.0, lambda out: out.float().pow(2).mean(), layer, precision
+        )
+        for _ in range(2)
+    ]
+    assert steps[0].note is not None
+    assert same_output(steps[0], steps[1])

@@ -17,7 +17,13 @@ import torch
 from harness.measure import registry, torch_state
 from harness.measure.cell_record import changed_note
 from harness.measure.errors import MAX_MESSAGE, error_text
-from harness.measure.fix_run import call_fix, compiled_fix, context_for, prepared_workload
+from harness.measure.fix_run import (
+    call_fix,
+    compiled_fix,
+    context_for,
+    prepared_workload,
+    step_parts,
+)
 from harness.measure.perf import perf_figures
 from harness.measure.precision import output_leaves
 from harness.measure.timing import Stopwatch, measure_interleaved, stopwatch_for
@@ -44,8 +50,9 @@ def prepare_call(cell: Cell) -> tuple[Callable[[], Any], torch.device]:
 
 def same_output(first: Any, second: Any) -> bool:
     """Whether two calls computed the same: the same leaves, each of the same shape and
-    values (an output that grows from call to call is not the same, and no error)."""
-    a, b = output_leaves(first), output_leaves(second)
+    values (an output that grows from call to call is not the same, and no error); of a
+    training step, its loss and gradients."""
+    a, b = output_leaves(step_parts(first)[0]), output_leaves(step_parts(second)[0])
     return a.keys() == b.keys() and all(
         a[k].shape == b[k].shape
         and (torch.equal(a[k], b[k]) or torch.allclose(a[k], b[k], rtol=0, atol=0, equal_nan=True))
