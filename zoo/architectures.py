@@ -6,9 +6,11 @@ do: the model in float32 on the CPU in eval mode, the inputs a dict of keyword t
 from the (already seeded) RNG, and ``forward(model, inputs)`` the output to compare. Widths
 are small (hidden 64, 4 heads, vocabulary 128, 16 tokens, batch 2) so a float64 forward pass
 takes milliseconds on a CPU; depth is mixed: 12 layers for GPT-2, BERT, Qwen2 and OPT, 2-4
-for the rest. ``ARCHITECTURES`` maps a short name to ``(factory, layers)``. Every entry
-builds and runs under both transformers 4.46.3 / diffusers 0.31.0 and transformers 5.23.0 /
-diffusers 0.42.1, with the same config arguments, so none is gated on a version.
+for the rest. ``ARCHITECTURES`` maps a short name to ``(factory, layers)``; ``DEEP`` does the
+same for two healthy models 48 layers deep, a post-LayerNorm encoder (BERT) and a pre-norm
+decoder (Llama), which calibrate the yardstick at depth (too slow for the zoo's tests). Every
+entry builds and runs under both transformers 4.46.3 / diffusers 0.31.0 and transformers
+5.23.0 / diffusers 0.42.1, with the same config arguments, so none is gated on a version.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from transformers import (
     Gemma2ForCausalLM,
     GPT2Config,
     GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
     OPTConfig,
@@ -105,6 +109,21 @@ def qwen2_12l() -> tuple[Any, ...]:
     return causal_lm(Qwen2ForCausalLM(sdpa(config)))
 
 
+def llama(layers: int) -> tuple[Any, ...]:
+    """Llama (GQA, RoPE, pre-RMSNorm, SwiGLU), ``layers`` deep."""
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        use_cache=False,
+    )  # fmt: skip
+    return causal_lm(LlamaForCausalLM(sdpa(config)))
+
+
+def llama_48l() -> tuple[Any, ...]:
+    """Llama (GQA, RoPE, pre-RMSNorm, SwiGLU), 48 layers."""
+    return llama(48)
+
+
 def mistral_2l() -> tuple[Any, ...]:
     """Mistral (GQA, RoPE, RMSNorm, SwiGLU, sliding-window mask of 8 tokens), 2 layers."""
     config = MistralConfig(
@@ -135,15 +154,25 @@ def gemma2_2l() -> tuple[Any, ...]:
 # -- transformers: encoders and an encoder-decoder ----------------------------------------
 
 
-def bert_12l() -> tuple[Any, ...]:
-    """BERT encoder (post-LayerNorm, absolute positions, token types), 12 layers."""
+def bert(layers: int) -> tuple[Any, ...]:
+    """BERT encoder (post-LayerNorm, absolute positions, token types), ``layers`` deep."""
     config = BertConfig(
-        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=12, num_attention_heads=4,
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=layers, num_attention_heads=4,
         intermediate_size=256, max_position_embeddings=64,
     )  # fmt: skip
     inputs = text_inputs()
     inputs["token_type_ids"] = torch.zeros_like(inputs["input_ids"])
     return BertModel(sdpa(config), add_pooling_layer=False).eval(), inputs, last_hidden_state
+
+
+def bert_12l() -> tuple[Any, ...]:
+    """BERT encoder (post-LayerNorm, absolute positions, token types), 12 layers."""
+    return bert(12)
+
+
+def bert_48l() -> tuple[Any, ...]:
+    """BERT encoder (post-LayerNorm, absolute positions, token types), 48 layers."""
+    return bert(48)
 
 
 def bart_4l() -> tuple[Any, ...]:
@@ -261,4 +290,9 @@ ARCHITECTURES: dict[str, tuple[Factory, int]] = {
     "dit-2l": (dit_2l, 2),
     "sd3-2l": (sd3_2l, 2),
     "flux-2l": (flux_2l, 2),
+}
+#: Healthy models 48 layers deep: the yardstick must hold at any depth.
+DEEP: dict[str, tuple[Factory, int]] = {
+    "bert-48l": (bert_48l, 48),
+    "llama-48l": (llama_48l, 48),
 }

@@ -27,6 +27,7 @@ from harness.measure.references import (
     structure_problem,
     workpiece,
 )
+from harness.measure.rounding import rounds_activations
 from harness.schema.axes import CONTROL_DTYPE, Cell
 from harness.schema.records import CellRecord, CrashKind, Note, NoteKind, Numerics, Outcome
 from harness.schema.trail_records import Trail
@@ -220,7 +221,8 @@ def yardsticks(case: Case, cell: Cell, piece: Workpiece, trail: Trail | None) ->
     names = Yardsticks(fix_name=f"fix {case.reference_fix}", rounding_name=f"rounding to {dtype}")
     tf32_note = f"float32 matmuls computed in TF32 ({tf32}): judged against TF32 rounding"
     note = Note(NoteKind.TF32, tf32_note) if tf32 else None
-    return CellYardsticks(fix, rounding(piece, dtype, case.kept_by(cell.fix)), names, note)
+    stored = rounding(piece, dtype, case.kept_by(cell.fix), rounds_activations(cell.mode))
+    return CellYardsticks(fix, stored, names, note)
 
 
 def tf32_setting(cell: Cell, trail: Trail | None) -> str | None:

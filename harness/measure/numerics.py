@@ -8,7 +8,11 @@ The rule, written down once (every record carries the numbers it used):
 * Two yardsticks, neither of which is the code under test:
 
   - **rounding**: the reference computation with its weights and inputs rounded to the
-    cell's dtype (the parts a case keeps in float32 left as they are), evaluated in float64.
+    cell's dtype (the parts a case keeps in float32 left as they are), evaluated in float64;
+    where the cell's model holds its weights in the cell's dtype (modes ``half`` and
+    ``half-autocast``, and the float32 control; not ``autocast``), every floating tensor a
+    module returns rounded too, as such a model stores it, so the yardstick grows with depth
+    as a healthy model's error does (see :mod:`harness.measure.rounding`).
     It is what merely representing the data in that dtype costs, whatever the code does
     (PyTorch's own SDPA tests anchor on a low-precision reference against a float64 golden
     result in the same way). float32 data cannot be rounded to float32, so the float32
@@ -47,8 +51,10 @@ from harness.schema.records import Numerics
 
 #: How far beyond a trusted fix's own low-precision error a cell may go.
 FIX_FACTOR = 3.0
-#: How far beyond the error of rounding the data a cell may go: calibrated (see above).
-ROUNDING_FACTOR = 18.0
+#: How far beyond the error of rounding the data a cell may go: calibrated (see above;
+#: healthy cells at most 5.9 times their rounding, a float32 control, and 3.84 in half
+#: precision; the mildest costly bug 15.8 times; CPU, torch 2.13.0, three seeds).
+ROUNDING_FACTOR = 10.0
 DTYPE_FLOOR = {
     torch.float16: torch.finfo(torch.float16).eps,
     torch.bfloat16: torch.finfo(torch.bfloat16).eps,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,8 +27,14 @@ from harness.measure.errors import (
 from harness.measure.fix_run import FixRun, context_for, prepared_workload, run_fix_checked
 from harness.measure.numerics import relative_error
 from harness.measure.precision import output_leaves, split_kept
-from harness.measure.rounding import noise_source, round_inputs, round_model
-from harness.schema.axes import CONTROL_DTYPE, FORWARD_STAGE, Cell
+from harness.measure.rounding import (
+    noise_source,
+    round_inputs,
+    round_model,
+    rounding_outputs,
+    rounds_activations,
+)
+from harness.schema.axes import CONTROL_DTYPE, CONTROL_MODE, FORWARD_STAGE, Cell
 
 REFERENCE_BACKENDS = ("sdpa", "eager")
 
@@ -60,8 +67,9 @@ _REFERENCE_FAILURES: dict[Workpiece, BaseException] = caches.keyed(
 _BASELINES: dict[tuple[str, str, str, str, str, str], Baseline] = caches.keyed(
     f"{__name__}._BASELINES"
 )
-#: The rounding yardstick, by (*workpiece, dtype or ``tf32``, parts kept in float32).
-_ROUNDINGS: dict[tuple[str, str, str, str, str, tuple[str, ...]], Baseline] = caches.keyed(
+#: The rounding yardstick, by (*workpiece, dtype or ``tf32``, parts kept in float32,
+#: whether the activations are rounded too).
+_ROUNDINGS: dict[tuple[str, str, str, str, str, tuple[str, ...], bool], Baseline] = caches.keyed(
     f"{__name__}._ROUNDINGS"
 )
 
@@ -187,28 +195,32 @@ def leaf_label(name: str) -> str:
     return "the output" if name == "output" else f"output {name}"
 
 
-def rounding(piece: Workpiece, dtype: str, keep: tuple[str, ...]) -> Baseline:
+def rounding(
+    piece: Workpiece, dtype: str, keep: tuple[str, ...], activations: bool = False
+) -> Baseline:
     """The rounding yardstick: the reference computation on the weights and inputs rounded
-    to ``dtype`` (what ``keep`` names left float32), in float64 on the CPU (see
-    :mod:`harness.measure.rounding`)."""
-    key = (*piece, dtype, keep)
+    to ``dtype`` (what ``keep`` names left float32), with ``activations`` each module's
+    output too, in float64 on the CPU (see :mod:`harness.measure.rounding`)."""
+    key = (*piece, dtype, keep, activations)
     if key not in _ROUNDINGS:
-        _ROUNDINGS[key] = compute_rounding(piece, dtype, keep)
+        _ROUNDINGS[key] = compute_rounding(piece, dtype, keep, activations)
     return _ROUNDINGS[key]
 
 
-def compute_rounding(piece: Workpiece, dtype: str, keep: tuple[str, ...]) -> Baseline:
+def compute_rounding(
+    piece: Workpiece, dtype: str, keep: tuple[str, ...], activations: bool = False
+) -> Baseline:
     case_name, size, backend, stage = piece
     case = registry.get(case_name)
     ctx = context_for(case, plain_cell(case, "float64", size, backend=backend, stage=stage))
     try:
-        run = run_fix_checked(
-            case,
-            case.reference_fix,
-            ctx,
-            trace=False,
-            workload=rounded_workload(case, ctx, dtype, keep),
+        workload = rounded_workload(case, ctx, dtype, keep)
+        model_keep = split_kept(keep, workload.inputs)[0]
+        stored: AbstractContextManager[None] = (
+            rounding_outputs(workload.model, dtype, model_keep) if activations else nullcontext()
         )
+        with stored:
+            run = run_fix_checked(case, case.reference_fix, ctx, trace=False, workload=workload)
     except WorkloadFailed as failure:
         run = FixRun(error=failure.error)
     return errors_against_reference(run, piece)
@@ -228,11 +240,18 @@ def rounded_workload(case: Case, ctx: RunContext, dtype: str, keep: tuple[str, .
         raise WorkloadFailed(error) from error
 
 
-def rounding_dtypes(case: Case, device: str) -> tuple[str, ...]:
-    """The dtypes a case's rounding yardsticks are computed for on ``device``: its own, the
-    float32 control's, and TF32 on a GPU (which may compute float32 matmuls in it)."""
-    extra = ("tf32",) if torch.device(device).type == "cuda" else ()
-    return tuple(dict.fromkeys((*case.dtypes, CONTROL_DTYPE, *extra)))
+def rounding_kinds(case: Case, device: str) -> tuple[tuple[str, bool], ...]:
+    """(dtype, whether the activations are rounded too) of every rounding yardstick the
+    case's cells on ``device`` ask for: its dtypes in each of its modes, and the float32
+    control's, with TF32 on a GPU (which may compute float32 matmuls in it)."""
+    control = (CONTROL_DTYPE, "tf32") if torch.device(device).type == "cuda" else (CONTROL_DTYPE,)
+    return tuple(
+        dict.fromkeys(
+            (dtype, rounds_activations(mode))
+            for mode in dict.fromkeys((*case.modes, CONTROL_MODE))
+            for dtype in (control if mode == CONTROL_MODE else case.dtypes)
+        )
+    )
 
 
 def kept_sets(case: Case) -> tuple[tuple[str, ...], ...]:
@@ -254,8 +273,8 @@ def reference_figures(piece: Workpiece, device: str) -> bytes | None:
     try:
         reference = reference_leaves(piece)
         roundings = [
-            (dtype, keep, rounding(piece, dtype, keep))
-            for dtype in rounding_dtypes(case, device)
+            (dtype, keep, activations, rounding(piece, dtype, keep, activations))
+            for dtype, activations in rounding_kinds(case, device)
             for keep in kept_sets(case)
         ]
     except Exception:
@@ -264,7 +283,7 @@ def reference_figures(piece: Workpiece, device: str) -> bytes | None:
     torch.save(
         {
             "reference": reference,
-            "roundings": [(d, list(k), dataclasses.asdict(b)) for d, k, b in roundings],
+            "roundings": [(d, list(k), a, dataclasses.asdict(b)) for d, k, a, b in roundings],
         },
         buffer,
     )
@@ -275,8 +294,8 @@ def remember_reference_figures(piece: Workpiece, data: bytes) -> None:
     """Hold what ``reference_figures`` computed in another process."""
     loaded = torch.load(io.BytesIO(data), weights_only=True)
     _REFERENCES[piece] = loaded["reference"]
-    for dtype, keep, figures in loaded["roundings"]:
-        _ROUNDINGS[(*piece, dtype, tuple(keep))] = Baseline(**figures)
+    for dtype, keep, activations, figures in loaded["roundings"]:
+        _ROUNDINGS[(*piece, dtype, tuple(keep), activations)] = Baseline(**figures)
 
 
 def baseline_figures(piece: Workpiece, device: str, dtype: str) -> dict[str, Any]:
