@@ -184,15 +184,10 @@ def settle_torch() -> Note | None:
     test module or fixture that sets the default dtype, say, would change every model
     cell after it); a note says what had changed, or None."""
     from harness.measure import torch_state
-    from harness.schema.records import Note, NoteKind
 
     remember_torch_state()
     assert _TORCH_STATE is not None  # a model cell has torch loaded
-    changed = [c for c in torch_state.restore(_TORCH_STATE) if not c.startswith("threads ")]
-    if not changed:
-        return None
-    text = "the test process's " + torch_state.describe(changed) + " before this cell: put back"
-    return Note(NoteKind.WORKER_SETTLED, text)
+    return torch_state.settled_note(_TORCH_STATE, "the test process's")
 
 
 def expected_label(expect: Mapping[str, str], cell: Cell) -> str | None:

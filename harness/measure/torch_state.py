@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from harness.measure import caches
+from harness.schema.records import Note, NoteKind
 
 AUTOCAST_DEVICES = ("cpu", "cuda")
 
@@ -179,3 +180,14 @@ def restored(found: list[str]) -> Iterator[None]:
 
 def describe(changed: list[str]) -> str:
     return "changed torch's global settings (" + "; ".join(changed) + ")"
+
+
+def settled_note(state: State, whose: str) -> Note | None:
+    """Put torch's settings back to ``state`` before a cell (a module's import, say, had
+    changed them) and say so: ``the worker's changed torch's global settings (...) before
+    this cell: put back``; None where nothing but the thread count (set on purpose) had
+    changed."""
+    changed = [c for c in restore(state) if not c.startswith("threads ")]
+    if not changed:
+        return None
+    return Note(NoteKind.WORKER_SETTLED, f"{whose} {describe(changed)} before this cell: put back")

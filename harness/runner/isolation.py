@@ -76,12 +76,7 @@ def settle_worker() -> Note | None:
     import, say, changed them); returns a note naming what had changed, or None."""
     if _WORKER_STATE is None:
         return None
-    changed = torch_state.restore(_WORKER_STATE)
-    changed = [c for c in changed if not c.startswith("threads ")]
-    if not changed:
-        return None
-    text = "the worker's " + torch_state.describe(changed) + " before this cell: put back"
-    return Note(NoteKind.WORKER_SETTLED, text)
+    return torch_state.settled_note(_WORKER_STATE, "the worker's")
 
 
 #: (workpiece, device) -> why the process computing its reference and baselines gave no
