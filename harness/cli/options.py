@@ -29,6 +29,16 @@ def batch_size(value: str) -> int:
     raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of cells, 1 or more")
 
 
+def fit_step_count(value: str) -> int:
+    from harness.schema.config import MAX_FIT_STEPS
+
+    if value.isdigit() and 1 <= int(value) <= MAX_FIT_STEPS:
+        return int(value)
+    raise argparse.ArgumentTypeError(
+        f"{value!r} is not a whole number of steps from 1 to {MAX_FIT_STEPS}"
+    )
+
+
 def max_workers() -> int:
     """The most worker processes a run starts: four per core (each is an interpreter with
     torch loaded; more only queue for the cores and the process table)."""
@@ -119,6 +129,13 @@ def add_run_options(parser: argparse.ArgumentParser, axes: tuple[Axis, ...]) -> 
         metavar="N",
         help=f"cells of one case sharing a forked process (default {RunConfig.batch}; "
         "1: every cell in a process of its own)",
+    )
+    parser.add_argument(
+        "--fit-steps",
+        type=fit_step_count,
+        default=RunConfig.fit_steps,
+        metavar="N",
+        help=f"optimizer steps of each fit cell (--stage fit; default {RunConfig.fit_steps})",
     )
 
 
@@ -225,6 +242,7 @@ def config_from(args: argparse.Namespace, argv: Sequence[str]) -> RunConfig:
         timing=None if args.no_timing else timing,
         trace=not args.no_trace,
         batch=args.batch,
+        fit_steps=args.fit_steps,
         limits=Limits(
             timeout_s=args.timeout,
             memory_bytes=int(args.memory_limit * 2**30) if args.memory_limit else None,

@@ -147,6 +147,8 @@ class RunContext:
 
 
 FixFunction = Callable[[Any, Workload, RunContext], Any]
+#: An optimizer a fix's fit steps with: ``f(params, lr)``.
+OptimizerFactory = Callable[[list[torch.Tensor], float], torch.optim.Optimizer]
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,9 @@ class Fix:
     #: In a train cell where the recipe scales the loss (float16 under autocast): whether
     #: this fix's training does. False is upstream code that trains without a GradScaler.
     grad_scaler: bool = True
+    #: The optimizer this fix's fit steps with (``f(params, lr)``), where it is part of the
+    #: fix (float32 master weights, say); None: the fit's AdamW.
+    optimizer: OptimizerFactory | None = None
 
 
 def fix(
@@ -176,11 +181,13 @@ def fix(
     backends: tuple[str, ...] | None = None,
     keep_fp32: tuple[str, ...] | None = None,
     grad_scaler: bool = True,
+    optimizer: OptimizerFactory | None = None,
 ) -> Callable[[FixFunction], FixFunction]:
     """Mark a method of a Case as a fix. ``modes``/``backends`` narrow where it applies;
     ``keep_fp32`` narrows what of the case's ``keep_fp32`` it keeps in float32;
-    ``grad_scaler=False`` is a fix whose training scales no loss (the upstream code path
-    of a case about training float16 without a GradScaler)."""
+    ``optimizer`` is the optimizer its fit steps with (``f(params, lr)``), where that is
+    part of the fix; ``grad_scaler=False`` is a fix whose training scales no loss (the
+    upstream code path of a case about training float16 without a GradScaler)."""
 
     def mark(func: FixFunction) -> FixFunction:
         func.__ampmatrix_fix__ = Fix(  # type: ignore[attr-defined]
@@ -192,6 +199,7 @@ def fix(
             backends=backends,
             keep_fp32=keep_fp32,
             grad_scaler=grad_scaler,
+            optimizer=optimizer,
         )
         return func
 
@@ -240,6 +248,8 @@ class Case:
     #: The stages the case runs (``forward`` always): ``train`` adds one training step
     #: per cell, with the recipe of the cell's mode (:mod:`harness.measure.training`).
     stages: ClassVar[tuple[str, ...]] = (FORWARD_STAGE,)
+    #: The learning rate of a ``fit`` cell's optimizer (AdamW unless a fix brings its own).
+    fit_lr: ClassVar[float] = 1e-3
     #: Upstream code manages precision itself (a Lightning Trainer's ``precision=``): the
     #: harness then only moves the float32 workload to the device (float64 for the
     #: reference) and neither casts nor enters autocast; the fixes read ``ctx.dtype`` and

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from harness.measure import training
+from harness.measure import fitting, training
 from harness.measure.case import Case, RunContext, Workload
 from harness.measure.errors import WorkloadFailed
 from harness.measure.precision import (
@@ -36,7 +36,7 @@ from harness.measure.precision import (
 )
 from harness.measure.python_watch import PythonWatch, watch_python
 from harness.measure.trail import DtypeTracer, Names, tracing
-from harness.schema.axes import TRAIN_STAGE, Cell
+from harness.schema.axes import FIT_STAGE, TRAIN_STAGE, Cell
 from harness.schema.records import Flag, Note
 from harness.schema.trail_records import Drift, Trail
 
@@ -96,8 +96,19 @@ def call_fix(
     """One call of a fix, with the gradient mode and autocast the cell asks for; through
     ``compiled`` (the fix under ``torch.compile``) in a compiled cell. In a ``train`` cell
     the call is the forward of a training step (:func:`training.train_step`), and what it
-    returns is the step's :class:`~harness.measure.training.TrainedStep`."""
+    returns is the step's :class:`~harness.measure.training.TrainedStep`; in a ``fit`` cell it
+    is the forward of each step of a short fit (:func:`fitting.fit`)."""
     func = case.fixes[fix].func if compiled is None else compiled
+    if ctx.stage == FIT_STAGE:
+        return fitting.fit(
+            lambda: func(case, workload, ctx),
+            lambda output: case.loss(output, workload, ctx),
+            workload.model,
+            ctx.precision,
+            lr=case.fit_lr,
+            scaled=case.fixes[fix].grad_scaler,
+            make_optimizer=case.fixes[fix].optimizer,
+        )
     if ctx.stage == TRAIN_STAGE:
         return training.train_step(
             lambda: func(case, workload, ctx),
@@ -178,7 +189,14 @@ def step_parts(output: Any) -> tuple[Any, Any, Note | None]:
     checks look at (the forward output), and the step's note, if any."""
     if isinstance(output, training.TrainedStep):
         return output.leaves, output.forward_output, output.note
+    if isinstance(output, fitting.FitRun):
+        return output, output.forward_output, output.note
     return output, output, None
+
+
+def judged_output(output: Any) -> Any:
+    """What of a run's output is compared leaf by leaf: a fit's loss curve, else the output."""
+    return output.leaves if isinstance(output, fitting.FitRun) else output
 
 
 def watched_call(

@@ -13,6 +13,7 @@ from harness.measure import torch_state
 from harness.measure.case import Case
 from harness.measure.cell_record import crashed
 from harness.measure.errors import WorkloadFailed, case_root, error_fields
+from harness.measure.fitting import FitRun, fit_figures, shortfall_numerics, stall_reason
 from harness.measure.fix_run import FixRun, context_for, run_fix_checked
 from harness.measure.numerics import Yardsticks, judge_leaves, within_tolerance
 from harness.measure.precision import dtype_name, dtype_of, output_leaves
@@ -41,6 +42,8 @@ def classify(case: Case, cell: Cell, run: FixRun, record: CellRecord) -> CellRec
     if run.error is not None:
         require_reference(cell)
         return raised(case, run.error, record)
+    if isinstance(run.output, FitRun):
+        return judged_fit(cell, run.output, record)
     try:
         leaves = output_leaves(run.output)
         check_has_values(leaves)
@@ -178,6 +181,30 @@ def structure_change(first: Leaves, again: Leaves, reference: Leaves) -> str | N
                 return shapes
             return f"{shapes}; the float64 reference's is {tuple(reference[name].shape)}"
     return None
+
+
+def judged_fit(cell: Cell, run: FitRun, record: CellRecord) -> CellRecord:
+    """A fit that ran: ``passes``, or ``inaccurate`` where it stalled (its loss not finite
+    or short of the float64 fit's progress, or its updates lost), with its figures."""
+    reference = reference_leaves(workpiece(cell))["loss"]
+    figures = fit_figures(run, reference)
+    stalled = stall_reason(figures)
+    return replace(
+        record,
+        outcome=Outcome.INACCURATE if stalled else Outcome.PASSES,
+        out_dtype=forward_dtypes(run.forward_output),
+        numerics=shortfall_numerics(figures),
+        fit=figures,
+    ).noted(run.note, Note(NoteKind.FIT, stalled) if stalled else None)
+
+
+def forward_dtypes(output: object) -> str | None:
+    """The dtypes of a forward output's leaves (``float16+float32``), None where it has none."""
+    try:
+        leaves = output_leaves(output)
+    except TypeError:
+        return None
+    return "+".join(dict.fromkeys(dtype_name(t.dtype) for t in leaves.values())) or None
 
 
 def worst_leaf(per_leaf: dict[str, Numerics]) -> Numerics:

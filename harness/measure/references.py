@@ -24,7 +24,13 @@ from harness.measure.errors import (
     WorkloadFailed,
     error_text,
 )
-from harness.measure.fix_run import FixRun, context_for, prepared_workload, run_fix_checked
+from harness.measure.fix_run import (
+    FixRun,
+    context_for,
+    judged_output,
+    prepared_workload,
+    run_fix_checked,
+)
 from harness.measure.numerics import relative_error
 from harness.measure.precision import output_leaves, split_kept
 from harness.measure.rounding import (
@@ -34,7 +40,7 @@ from harness.measure.rounding import (
     rounding_outputs,
     rounds_activations,
 )
-from harness.schema.axes import CONTROL_DTYPE, CONTROL_MODE, FORWARD_STAGE, Cell
+from harness.schema.axes import CONTROL_DTYPE, CONTROL_MODE, FIT_STAGE, FORWARD_STAGE, Cell
 
 REFERENCE_BACKENDS = ("sdpa", "eager")
 
@@ -129,7 +135,7 @@ def compute_reference(piece: Workpiece) -> Leaves:
         raise ReferenceFailed(failure.error) from failure
     if run.error is not None:
         raise ReferenceFailed(run.error)
-    return float64_leaves(run.output)
+    return float64_leaves(judged_output(run.output))
 
 
 def float64_leaves(output: Any) -> Leaves:
@@ -167,7 +173,7 @@ def errors_against_reference(run: FixRun, piece: Workpiece) -> Baseline:
     if run.error is not None:
         return Baseline({}, f"{type(run.error).__name__}: {error_text(run.error)}"[:MAX_MESSAGE])
     reference = reference_leaves(piece)
-    leaves = output_leaves(run.output)
+    leaves = output_leaves(judged_output(run.output))
     problem = structure_problem(leaves, reference)
     if problem:
         return Baseline({}, problem)
@@ -240,10 +246,13 @@ def rounded_workload(case: Case, ctx: RunContext, dtype: str, keep: tuple[str, .
         raise WorkloadFailed(error) from error
 
 
-def rounding_kinds(case: Case, device: str) -> tuple[tuple[str, bool], ...]:
+def rounding_kinds(case: Case, device: str, stage: str) -> tuple[tuple[str, bool], ...]:
     """(dtype, whether the activations are rounded too) of every rounding yardstick the
     case's cells on ``device`` ask for: its dtypes in each of its modes, and the float32
-    control's, with TF32 on a GPU (which may compute float32 matmuls in it)."""
+    control's, with TF32 on a GPU (which may compute float32 matmuls in it); none for a
+    fit, judged by the float64 fit's curve alone."""
+    if stage == FIT_STAGE:
+        return ()
     control = (CONTROL_DTYPE, "tf32") if torch.device(device).type == "cuda" else (CONTROL_DTYPE,)
     return tuple(
         dict.fromkeys(
@@ -261,7 +270,9 @@ def kept_sets(case: Case) -> tuple[tuple[str, ...], ...]:
 
 def baseline_dtypes(piece: Workpiece) -> tuple[str, ...]:
     """The dtypes a case's baselines are computed in on each device: its own, and the
-    float32 control's."""
+    float32 control's (none for a fit, judged by the float64 fit's curve alone)."""
+    if piece[3] == FIT_STAGE:
+        return ()
     return tuple(dict.fromkeys((*registry.get(piece[0]).dtypes, CONTROL_DTYPE)))
 
 
@@ -274,7 +285,7 @@ def reference_figures(piece: Workpiece, device: str) -> bytes | None:
         reference = reference_leaves(piece)
         roundings = [
             (dtype, keep, activations, rounding(piece, dtype, keep, activations))
-            for dtype, activations in rounding_kinds(case, device)
+            for dtype, activations in rounding_kinds(case, device, piece[3])
             for keep in kept_sets(case)
         ]
     except Exception:

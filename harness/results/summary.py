@@ -17,7 +17,7 @@ from harness.schema.axes import (
     STAGES,
     rank,
 )
-from harness.schema.records import LABELS, CellRecord, Outcome, outcome_label
+from harness.schema.records import LABELS, CellRecord, NoteKind, Outcome, outcome_label
 
 SPEED_LEGEND = (
     " (c: ratio to the case's fp32 control, f: to the column's fastest fix that passes with no"
@@ -115,6 +115,8 @@ def failure_line(record: CellRecord) -> str | None:
     known = record.reproduces and not record.compile_error
     if (record.error_type or record.error_message) and not known:
         parts.insert(0, error_text(record))
+    elif record.outcome is Outcome.INACCURATE and record.fit:
+        parts.insert(0, next((n.text for n in record.notes if n.kind is NoteKind.FIT), ""))
     elif record.outcome is Outcome.INACCURATE and record.numerics:
         n = record.numerics
         leaf = f" in {n.leaf}" if n.leaf else ""

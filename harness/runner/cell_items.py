@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import torch
 
-from harness.measure import cell_record, errors, model_case, registry
+from harness.measure import cell_record, errors, fitting, model_case, registry
 from harness.results import storage
 from harness.runner.isolation import (
     batch_records,
@@ -73,6 +73,7 @@ class PlanFile(pytest.File):
         config = storage.read_run_config(run_dir)
         registry.discover(config.cases_dirs)
         model_case.registered_models(config)
+        fitting.use_steps(config.fit_steps)
         limits = config.limits
         for batch in plan.get("batches", []):
             cells = [Cell.from_dict(data) for data in batch]

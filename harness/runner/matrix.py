@@ -113,14 +113,9 @@ def fix_cells(
             yield Cell(case.name, fix.name, device, dtype, mode, backend, compiled, size, stage)
 
 
-#: Why a fit cell does not run yet: the stage is declared, its steps are not built.
-FIT_NOT_BUILT = "the fit stage (a short run of optimizer steps) is not built yet"
-
-
 def skip_reason(case: Case, cell: Cell) -> str | None:
     return (
-        (FIT_NOT_BUILT if cell.stage == FIT_STAGE else None)
-        or stage_skip_reason(cell)
+        stage_skip_reason(cell)
         or environment_skip_reason(cell, case.requires)
         or torch_version_skip_reason(case.min_torch)
         or case.skip_reason(cell)
@@ -128,8 +123,10 @@ def skip_reason(case: Case, cell: Cell) -> str | None:
 
 
 def stage_skip_reason(cell: Cell) -> str | None:
-    """A train cell of float16 under autocast needs a GradScaler this torch has here."""
-    if cell.stage == TRAIN_STAGE and cell.mode == "autocast" and cell.dtype == "float16":
+    """A train or fit cell of float16 under autocast needs a GradScaler this torch has
+    here."""
+    training = cell.stage in (TRAIN_STAGE, FIT_STAGE)
+    if training and cell.mode == "autocast" and cell.dtype == "float16":
         return grad_scaler_skip_reason(cell.device)
     return None
 

@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from harness.measure import execute, model_case, registry, torch_state
+from harness.measure import execute, fitting, model_case, registry, torch_state
 from harness.measure.case import Case
 from harness.measure.environment import capture_environment, now_iso
 from harness.measure.registry import CaseContractError
 from harness.results import storage
 from harness.runner.in_process import interrupted, run_batches_here, stopped, time_batches_here
 from harness.runner.matrix import Plan, expand
-from harness.schema.axes import SIZES, SMALL_SIZE, TIMED_SIZE, Cell, rank
+from harness.schema.axes import FIT_STAGE, SIZES, SMALL_SIZE, TIMED_SIZE, Cell, rank
 from harness.schema.config import RunConfig, TimingConfig
 from harness.schema.records import CellRecord, Outcome
 from harness.schema.run_files import RunPlan
@@ -201,6 +201,7 @@ def execute_cells(run_dir: Path, plan: Plan, workers: int, config: RunConfig) ->
 
 def run_batches(run_dir: Path, batches: list[list[Cell]], workers: int, config: RunConfig) -> int:
     workers = min(workers, len(batches))
+    fitting.use_steps(config.fit_steps)
     if workers == 0:
         threads = threads_per_worker(0)
         return run_batches_here(run_dir, batches, config.limits, threads, config.trace)
@@ -219,9 +220,11 @@ def run_batches(run_dir: Path, batches: list[list[Cell]], workers: int, config: 
 
 
 def needs_timing(record: CellRecord) -> bool:
-    """A cell that ran and has no figures yet (nor a note that timing it failed)."""
+    """A cell that ran and has no figures yet (nor a note that timing it failed); a fit is
+    not timed (its step is the train stage's)."""
     return (
         record.outcome in execute.TIMED_OUTCOMES
+        and record.cell.stage != FIT_STAGE
         and record.perf is None
         and record.timing_error is None
     )

@@ -52,6 +52,12 @@ class Limits:
     memory_bytes: int | None = None
 
 
+#: Optimizer steps of a ``fit`` cell unless ``--fit-steps`` says otherwise, and the most
+#: a run may ask for.
+DEFAULT_FIT_STEPS = 20
+MAX_FIT_STEPS = 10_000
+
+
 @dataclass(frozen=True)
 class RunConfig:
     selection: Selection = field(default_factory=Selection)
@@ -67,6 +73,8 @@ class RunConfig:
     #: At most this many cells of one case share a forked process in the correctness phase
     #: (``--batch``; 1: every cell in a process of its own).
     batch: int = 16
+    #: Optimizer steps of each ``fit`` cell (``--fit-steps``).
+    fit_steps: int = DEFAULT_FIT_STEPS
     #: Models checked by ``check`` (``MODULE:FACTORY``), the folder their modules are
     #: imported from, and the names they keep in float32 (``--keep-fp32``).
     models: tuple[str, ...] = ()
@@ -84,6 +92,7 @@ class RunConfig:
             "limits": dataclasses.asdict(self.limits),
             "trace": self.trace,
             "batch": self.batch,
+            "fit_steps": self.fit_steps,
             "models": list(self.models),
             "models_path": self.models_path,
             "keep_fp32": list(self.keep_fp32),
@@ -109,6 +118,7 @@ class RunConfig:
             limits=Limits(**as_mapping(data.get("limits") or {}, "limits")),
             trace=data.get("trace", True),
             batch=data.get("batch", 1),  # runs before batching ran a cell per process
+            fit_steps=data.get("fit_steps", DEFAULT_FIT_STEPS),
             models=strings(data.get("models"), "models"),
             models_path=data.get("models_path") or "",
             keep_fp32=strings(data.get("keep_fp32"), "keep_fp32"),
@@ -127,8 +137,18 @@ class RunConfig:
             raise TypeError(mismatch("trace", bool, config.trace))
         if not isinstance(config.batch, int) or isinstance(config.batch, bool) or config.batch < 1:
             raise ValueError(f"batch: expected a positive whole number, got {config.batch!r}")
+        if not is_count(config.fit_steps, MAX_FIT_STEPS):
+            raise ValueError(
+                f"fit_steps: expected a whole number from 1 to {MAX_FIT_STEPS}, "
+                f"got {config.fit_steps!r}"
+            )
         check_limits(config.limits)
         return config
+
+
+def is_count(value: Any, most: int) -> bool:
+    """A whole number from 1 to ``most`` (a bool is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= most
 
 
 def strings(value: Any, name: str) -> tuple[str, ...]:

@@ -72,6 +72,8 @@ class NoteKind(str, Enum):
     NOT_RERUNNABLE = "not-rerunnable"
     #: Timed alone: another fix of its column killed the timing process they shared.
     TIMED_ALONE = "timed-alone"
+    #: Why a fit stalled (its loss, or the updates it lost).
+    FIT = "fit"
     #: A training step's GradScaler skipped steps (gradients not finite) before it ran.
     SCALER = "scaler"
     #: The notes of a record of schema 3 or older, stored joined in one text: their kinds
@@ -185,6 +187,48 @@ class Perf:
         return "device time (launch-bound)" if self.launch_bound else "wall time"
 
 
+@dataclass(frozen=True)
+class FitFigures:
+    """What a cell of the ``fit`` stage did over its steps (see ``harness.measure.fitting``):
+    its loss before each step and after the last, the float64 fit's, the steps a GradScaler
+    skipped and the scale it ended at, the share of the updates the optimizer computed that
+    the stored weights did not receive, and the share of the float64 fit's progress (its
+    first loss minus its last) the cell's last loss fell short of (None where that
+    progress is too small to judge by)."""
+
+    losses: tuple[float, ...]
+    reference_losses: tuple[float, ...]
+    skipped_steps: int
+    final_scale: float | None
+    lost_share: float
+    shortfall: float | None
+
+    @property
+    def steps(self) -> int:
+        return len(self.losses) - 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **dataclasses.asdict(self),
+            "losses": list(self.losses),
+            "reference_losses": list(self.reference_losses),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> FitFigures:
+        figures = made(cls, data, "fit")
+        return dataclasses.replace(
+            figures,
+            losses=floats(figures.losses, "fit.losses"),
+            reference_losses=floats(figures.reference_losses, "fit.reference_losses"),
+        )
+
+
+def floats(values: Any, name: str) -> tuple[float, ...]:
+    """A list of numbers (``null`` for a loss that was not finite: JSON has no NaN)."""
+    return tuple(float("nan") if v is None else float(v) for v in as_tuple(values, name))
+
+
 #: Sub-records flattened into the record's JSON object, and the field that says one is there.
 NESTED = {"numerics": (Numerics, "tolerance"), "perf": (Perf, "time_median_s")}
 #: Fields of a record built from more than their own JSON value.
@@ -198,6 +242,7 @@ TYPED_FIELDS = (
     "leaves",
     "crash_kind",
     "trail",
+    "fit",
     *NESTED,
 )
 
@@ -261,6 +306,8 @@ class CellRecord:
     #: Where a wider dtype entered and where the cell failed (``promotion``,
     #: ``failure_site`` and ``compute_dtypes`` in the JSON object).
     trail: Trail | None = None
+    #: A cell of the ``fit`` stage: its loss curve and what its optimizer did.
+    fit: FitFigures | None = None
 
     @property
     def notes_text(self) -> str | None:
@@ -294,6 +341,8 @@ class CellRecord:
                 )
             elif f.name == "trail":
                 data.update(value.to_dict() if value else Trail().to_dict())
+            elif f.name == "fit":
+                data[f.name] = value.to_dict() if value else None
             else:
                 data[f.name] = value.value if isinstance(value, Enum) else value
         return data
@@ -353,6 +402,7 @@ class CellRecord:
             else None,
             crash_kind=member(CrashKind, crash_kind, "crash_kind") if crash_kind else None,
             trail=Trail.from_dict(data),
+            fit=FitFigures.from_dict(data["fit"]) if data.get("fit") is not None else None,
         )
         record = built(cls, typed | nested | plain)
         check_fields(record)
