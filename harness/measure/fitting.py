@@ -6,7 +6,8 @@ cell's mode (:mod:`harness.measure.training`), and what it shows that one step c
   (or is not finite) stalls;
 - the steps a GradScaler skipped (gradients not finite at its scale) and its final scale;
 - the share of the parameter updates lost to rounding: the update applied to the stored
-  weights against the update the optimizer computed from the same gradients in float64
+  weights (or to what an optimizer holds for them: float32 master weights) against the
+  update the optimizer computed from the same gradients in float64
   (a shadow of the optimizer on float64 copies of the weights, synchronised before each
   step). Pure bfloat16 weights stepped by Adam at a small learning rate keep almost none
   of their updates: each is below half a unit in the last place of the weight it updates.
@@ -113,8 +114,15 @@ class UpdateLedger:
     of the weights, set to the stored values before each step and given the same
     gradients, so its update is what the optimizer meant, free of the weights' rounding."""
 
-    def __init__(self, params: dict[str, torch.Tensor], make: OptimizerFactory, lr: float):
+    def __init__(
+        self,
+        params: dict[str, torch.Tensor],
+        make: OptimizerFactory,
+        lr: float,
+        optimizer: torch.optim.Optimizer,
+    ):
         self.params = params
+        self.held = held_weights(params, optimizer)
         self.shadow = {
             name: p.detach().to(torch.float64).clone().requires_grad_(True)
             for name, p in params.items()
@@ -127,7 +135,7 @@ class UpdateLedger:
     def record_before(self) -> None:
         """The stored weights and their gradients, before the optimizer steps them; the
         shadow's step from them."""
-        self.before = {n: p.detach().to(torch.float64) for n, p in self.params.items()}
+        self.before = {n: w.detach().to(torch.float64) for n, w in self.held.items()}
         for name, shadow in self.shadow.items():
             shadow.copy_(self.before[name])
             grad = self.params[name].grad
@@ -137,8 +145,8 @@ class UpdateLedger:
             self.meant[name] += shadow.detach() - self.before[name]
 
     def record_after(self) -> None:
-        for name, p in self.params.items():
-            self.applied[name] += p.detach().to(torch.float64) - self.before[name]
+        for name, w in self.held.items():
+            self.applied[name] += w.detach().to(torch.float64) - self.before[name]
 
     def lost_share(self) -> float:
         """1 - <applied, meant> / <meant, meant> over every weight, clamped to [0, 1]: 0 where
@@ -150,6 +158,25 @@ class UpdateLedger:
             return 0.0 if norm == 0.0 else 1.0
         kept = float(applied @ meant) / norm
         return min(1.0, max(0.0, 1.0 - kept)) if math.isfinite(kept) else 1.0
+
+
+def held_weights(
+    params: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer
+) -> dict[str, torch.Tensor]:
+    """The tensors that hold the weights' values between steps: the parameters, or what
+    the optimizer keeps for them where it says so (``optimizer.held_weights()``, one tensor
+    per parameter in order: float32 master weights, whose rounding to the parameters'
+    dtype loses nothing the next step needs)."""
+    held = getattr(optimizer, "held_weights", None)
+    if held is None:
+        return params
+    values = list(held())
+    if len(values) != len(params):
+        raise TypeError(
+            f"{type(optimizer).__name__}.held_weights() gave {len(values)} tensors for "
+            f"{len(params)} parameters"
+        )
+    return dict(zip(params, values, strict=True))
 
 
 def fit(
@@ -170,7 +197,7 @@ def fit(
     params = trainable_parameters(model)
     optimizer = make(list(params.values()), lr)
     scaler = make_grad_scaler(precision.device) if scaled and uses_grad_scaler(precision) else None
-    ledger = UpdateLedger(params, make, lr)
+    ledger = UpdateLedger(params, make, lr, optimizer)
     losses: list[float] = []
     skipped = 0
     first_output: Any = None
