@@ -192,3 +192,21 @@ def test_a_timed_step_is_compared_by_its_loss_and_gradients() -> None:
     ]
     assert steps[0].note is not None
     assert same_output(steps[0], steps[1])
+
+
+def test_lora_adapters_in_float16_are_refused_by_the_grad_scaler(tmp_path: Path) -> None:
+    """LoRA on a float16 base under float16 AMP: the forward passes, and torch's GradScaler
+    (the recipe's, not the case's code) refuses the adapters' float16 gradients; upcast
+    adapters, or a float32 base, train; bfloat16 needs no scaler."""
+    result = harness(
+        "run", "--case", "lora-fp16-grad-scaler", "--stage", "forward,train", "--device",
+        "cpu", "--no-timing", "-n", "0", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    records = storage.read_records(only_run_dir(tmp_path))
+    assert {r.outcome for r in cells(records, stage="forward")} == {Outcome.PASSES}
+    (refused,) = cells(records, fix="none", stage="train", dtype="float16", mode="autocast")
+    assert refused.outcome is Outcome.RAISES and refused.reproduces, refused.error_message
+    assert refused.error_type == "ValueError" and not refused.error_frames  # raised in torch
+    trained = [r for r in cells(records, stage="train") if r is not refused]
+    assert trained and {r.outcome for r in trained} == {Outcome.PASSES}
