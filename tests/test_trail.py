@@ -226,11 +226,15 @@ def trail_of_raise(case: str, dtype: str, mode: str, backend: str) -> tuple[Prom
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_sana_float_of_q_and_k_then_attn_at_v(seeds: None, dtype: str) -> None:
+    import cases.sana_softmax_float as sana
+
     promotion, failure = trail_of_raise("sana-softmax-float", dtype, "half", "eager")
+    lines, first = inspect.getsourcelines(sana.SanaSoftmaxFloat.none)
+    cast = first + next(n for n, text in enumerate(lines) if "q, k = q.float()" in text)
     assert promotion.carrier == "an explicit cast (.float() / .to())"
-    assert str(promotion.site.location).endswith("sana_softmax_float.py:148")  # q, k = q.float()
+    assert str(promotion.site.location).endswith(f"sana_softmax_float.py:{cast}")
     assert (failure.op, failure.input_dtypes) == ("aten::bmm", ("float32", dtype))
-    assert str(failure.location).endswith("sana_softmax_float.py:149")  # ... @ v
+    assert str(failure.location).endswith(f"sana_softmax_float.py:{cast + 1}")  # ... @ v
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
