@@ -19,6 +19,23 @@ with its own assertion (``q, k, v, and qv must have the same dtype``; all-fp32 i
 ``flash-attn-contract`` backend (:mod:`harness.measure.flash_contract`) enforces flash-attn 2's
 input checks and messages and computes with SDPA; its outcomes come from that contract,
 not from the real kernel.
+
+Training (the ``train`` stage, on the ``sdpa`` backend only): ``VAR.forward`` (models/var.py)
+teacher-forces every scale at once with a block-causal ``attn_bias`` (``d >= dT``: a token
+sees its own and the earlier scales), no KV cache, and casts the tokens and the mask to
+``main_type`` (``torch.matmul(temp, temp).dtype``: float16 under float16 autocast). Upstream's
+``using_flash`` needs ``attn_bias is None``, so training never calls ``flash_attn_func``: it
+goes to xformers' ``memory_efficient_attention`` where xformers is installed (issue #27, the
+training twin, fixed by bd84ce5 and 2236c79 with the same ``.to(main_type)``; this harness
+has no xformers backend) and to SDPA otherwise, which accepts the promoted q under autocast.
+The flash backends' train cells are skipped with that reason; on SDPA ``none`` and
+``cast-to-main-type`` are the same code (74138aa cast only before the fused kernels), and the
+train cells measure what the fp32 q costs the gradients against ``normalize-in-half``.
+Measured (CPU, small, torch 2.13.0 and 2.4.1): every train cell passes, on both releases; the
+promoted q costs nothing measurable there: in float16 autocast the largest gradient error is
+1.61e-3 (``grad.q_bias``) for every fix on 2.13.0, and on 2.4.1 1.25e-3 for ``none`` and
+``cast-to-main-type`` against 1.61e-3 for ``normalize-in-half``. The loss is taken in
+float32, as upstream takes its logits from ``x_BLC.float()`` (see ``loss``).
 """
 
 from __future__ import annotations
@@ -36,6 +53,7 @@ from harness.measure import flash_kernels
 from harness.measure.case import Case, FailureSignature, RunContext, Size, Upstream, Workload, fix
 from harness.measure.flash_contract import flash_attn_contract_func
 from harness.measure.registry import register
+from harness.schema.axes import TRAIN_STAGE, Cell
 
 
 @dataclass(frozen=True)
@@ -61,6 +79,9 @@ UPSTREAM_SOURCE = (
     "class label doubled for CFG (var.py next_token_map.repeat(2, 1, 1)); the demo samples "
     "8 labels (16 rows)."
 )
+
+#: The seed of the training target, drawn in float64 on the CPU: the same in every cell.
+TARGET_SEED = 1234
 
 Kernel = Callable[..., torch.Tensor]
 QKNorm = Callable[["VarSelfAttention", torch.Tensor, torch.Tensor, bool], tuple[Any, Any]]
@@ -127,12 +148,21 @@ class VarSelfAttention(nn.Module):
         return self.cached_k, self.cached_v
 
     def forward(
-        self, x: torch.Tensor, core: CoreContext, qk_norm: QKNorm, cast_to_main_type: bool
+        self,
+        x: torch.Tensor,
+        core: CoreContext,
+        qk_norm: QKNorm,
+        cast_to_main_type: bool,
+        attn_bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """Inference (``attn_bias`` None: KV cache on) or training (the block-causal mask
+        over every scale, no cache), as upstream."""
         B, L, C = x.shape
         qkv = self._qkv(x)
         main_type = qkv.dtype
-        using_flash = self.flash_attn_func is not None and qkv.dtype != torch.float32
+        using_flash = (
+            self.flash_attn_func is not None and attn_bias is None and qkv.dtype != torch.float32
+        )
         if using_flash:
             q, k, v = qkv.unbind(dim=2)  # BLHc
             dim_cat = 1
@@ -140,7 +170,8 @@ class VarSelfAttention(nn.Module):
             q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(dim=0)  # BHLc
             dim_cat = 2
         q, k = qk_norm(self, q, k, using_flash)
-        k, v = self._cache(k, v, dim_cat)
+        if attn_bias is None:  # upstream caches during inference only
+            k, v = self._cache(k, v, dim_cat)
         if using_flash and self.flash_attn_func is not None:
             if cast_to_main_type:  # 74138aa
                 q, k, v = q.to(main_type), k.to(main_type), v.to(main_type)
@@ -149,9 +180,20 @@ class VarSelfAttention(nn.Module):
             oup = out.view(B, L, C)
         else:
             with core():
-                out = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
+                out = F.scaled_dot_product_attention(
+                    q, k, v, scale=self.scale, attn_mask=attn_bias
+                )
             oup = out.transpose(1, 2).reshape(B, L, C)
         return self.proj(oup)
+
+
+def block_causal_bias(patch_nums: tuple[int, ...]) -> torch.Tensor:
+    """VAR's ``attn_bias_for_masking``: 0 where a token's scale is at most the query's,
+    ``-inf`` elsewhere, shaped (1, 1, L, L)."""
+    d = torch.cat([torch.full((pn * pn,), i) for i, pn in enumerate(patch_nums)]).view(1, -1, 1)
+    dT = d.transpose(1, 2)
+    length = d.shape[1]
+    return torch.where(d >= dT, 0.0, -torch.inf).reshape(1, 1, length, length)
 
 
 def _kernel_for(backend: str, device: torch.device) -> Kernel | None:
@@ -186,6 +228,7 @@ class VarNormalizePromotion(Case):
     devices = ("cpu", "cuda")
     dtypes = ("float16", "bfloat16")
     modes = ("autocast", "half", "half-autocast", "fp32")
+    stages = ("forward", "train")
     #: sdpa first: the float64 reference runs on the first backend, on the CPU.
     backends = ("sdpa", "flash-attn", "flash-attn-contract")
     sizes = (Size("small", SMALL, "toy dimensions"), Size("upstream", UPSTREAM, UPSTREAM_SOURCE))
@@ -196,6 +239,44 @@ class VarNormalizePromotion(Case):
         model = VarSelfAttention(dims.embed_dim, dims.num_heads, kernel).eval()
         scales = [torch.randn(dims.batch, pn * pn, dims.embed_dim) for pn in dims.patch_nums]
         return Workload(model=model, inputs={"scales": scales})
+
+    def loss(self, output: Any, workload: Workload, ctx: RunContext) -> Any:
+        """In float32, as upstream: ``VAR.forward`` takes its logits from ``x_BLC.float()``
+        and the trainer's cross-entropy from them. The block has no head, so the loss is the
+        mean squared error of ``output.float()`` against a fixed random target."""
+        generator = torch.Generator().manual_seed(TARGET_SEED)
+        target = torch.randn(output.shape, generator=generator, dtype=torch.float64)
+        up = ctx.upcast_dtype
+        return F.mse_loss(output.to(up), target.to(device=output.device, dtype=up))
+
+    def skip_reason(self, cell: Cell) -> str | None:
+        if cell.stage == TRAIN_STAGE and cell.backend != "sdpa":
+            return (
+                "VAR trains with an attn_bias, which turns flash_attn_func off (basic_var.py: "
+                "using_flash needs attn_bias is None); it trains through xformers (#27) or SDPA"
+            )
+        return None
+
+    def _run(
+        self, w: Workload, ctx: RunContext, qk_norm: QKNorm, cast_to_main_type: bool
+    ) -> torch.Tensor:
+        """Inference in the forward stage, ``VAR.forward``'s teacher forcing in a train cell."""
+        if ctx.stage == TRAIN_STAGE:
+            return self._train(w, ctx, qk_norm, cast_to_main_type)
+        return self._infer(w, ctx, qk_norm, cast_to_main_type)
+
+    def _train(
+        self, w: Workload, ctx: RunContext, qk_norm: QKNorm, cast_to_main_type: bool
+    ) -> torch.Tensor:
+        """``VAR.forward``: every scale at once under the block-causal mask, the tokens and
+        the mask cast to ``main_type`` (upstream's matmul hack), no KV cache."""
+        model: VarSelfAttention = w.model
+        dims: Dims = ctx.dims
+        x = torch.cat(w.inputs["scales"], dim=1)
+        temp = x.new_ones(8, 8)
+        main_type = torch.matmul(temp, temp).dtype
+        attn_bias = block_causal_bias(dims.patch_nums).to(device=x.device, dtype=main_type)
+        return model(x.to(main_type), ctx.attention_core, qk_norm, cast_to_main_type, attn_bias)
 
     def _infer(
         self, w: Workload, ctx: RunContext, qk_norm: QKNorm, cast_to_main_type: bool
@@ -215,7 +296,7 @@ class VarNormalizePromotion(Case):
         upstream="FoundationVision/VAR#30",
     )
     def none(self, w: Workload, ctx: RunContext) -> torch.Tensor:
-        return self._infer(w, ctx, normalize_then_scale, cast_to_main_type=False)
+        return self._run(w, ctx, normalize_then_scale, cast_to_main_type=False)
 
     @fix(
         "cast-to-main-type",
@@ -223,7 +304,7 @@ class VarNormalizePromotion(Case):
         upstream="FoundationVision/VAR@74138aa",
     )
     def cast_to_main_type(self, w: Workload, ctx: RunContext) -> torch.Tensor:
-        return self._infer(w, ctx, normalize_then_scale, cast_to_main_type=True)
+        return self._run(w, ctx, normalize_then_scale, cast_to_main_type=True)
 
     @fix(
         "normalize-in-half",
@@ -231,4 +312,4 @@ class VarNormalizePromotion(Case):
         upstream="equivalent of 74138aa that never makes an fp32 q",
     )
     def normalize_in_half(self, w: Workload, ctx: RunContext) -> torch.Tensor:
-        return self._infer(w, ctx, normalize_in_qkv_dtype, cast_to_main_type=False)
+        return self._run(w, ctx, normalize_in_qkv_dtype, cast_to_main_type=False)
