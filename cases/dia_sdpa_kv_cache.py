@@ -16,6 +16,14 @@ compared is the self-attention output (``o_proj``, before the residual add) of p
 decode steps, concatenated along the sequence. Two departures, neither touching dtypes: the cache's
 ``prefill`` sets ``current_idx`` to the prefill length (the next write goes after it), and
 on torch without SDPA's ``enable_gqa`` (< 2.5) K/V heads are repeated before the call.
+
+No ``train`` stage: the failure needs the KV cache, which only generation has. A training
+forward (teacher forcing over the whole sequence) computes K and V from the same
+``pre_sa_norm`` output as the query and attends to them directly, so q, k and v always share a
+dtype and the refusal cannot arise (it is the prefill step, which passes on every release);
+a train cell would measure a different code path, not
+this pattern's. The repository ships inference code (``dia/model.py``'s ``generate``, the
+app and the CLI); no training script was found in what was read.
 """
 
 from __future__ import annotations
