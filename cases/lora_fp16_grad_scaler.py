@@ -72,9 +72,11 @@ UPSTREAM = Dims(batch=2, tokens=4096, width=320, heads=8, rank=4)
 UPSTREAM_SOURCE = (
     "huggingface/diffusers examples/text_to_image/train_text_to_image_lora.py @58eb52c: "
     "--resolution 512 (a 64x64 latent: 4096 tokens), --rank 4, target_modules to_k, to_q, "
-    "to_v, to_out.0; the UNet of runwayml/stable-diffusion-v1-5 (block_out_channels[0]=320, "
-    "attention_head_dim=8, which SD 1.x uses as its head count: unverified here, not read "
-    "from the config file). batch=2 is a choice (the script's default is 16)."
+    "to_v, to_out.0; src/diffusers/models/unets/unet_2d_condition.py @58eb52c, whose "
+    "defaults are SD 1.x's UNet: block_out_channels[0]=320, attention_head_dim=8, used as the "
+    "head count (num_attention_heads = num_attention_heads or attention_head_dim); the "
+    "stable-diffusion-v1-5 config.json itself was not read. batch=2 is a choice (the "
+    "script's default is 16)."
 )
 #: The scale of the random ``lora_B`` (PEFT initialises it to zero; see the docstring).
 LORA_B_STD = 0.02
