@@ -5,7 +5,10 @@ low-precision input whose output is wider), what carried the wider dtype in (a p
 buffer by name, an explicit cast, a tensor created in float32, a model input), the op that
 raised, and the dtypes the compute kernels (:mod:`harness.measure.kernels`) computed in.
 Where an op ran comes from the Python stack at that moment: the module path (``self`` of
-the module frames) and the innermost ``file:line`` of the case's or model's own code.
+the module frames) and the innermost ``file:line`` of the case's or model's own code (in a
+training step's backward, only inside a custom Function's backward: a built-in node's
+backward has no line of the case's, and the trail names instead the node an error was
+raised in and the forward line that made it, found by :mod:`harness.measure.backward_sites`).
 
 A TorchDispatchMode runs below autocast, and calls each op with autocast switched off
 (PyTorch excludes the dispatch keys above Python while a mode handles an op). Fused native
@@ -29,6 +32,12 @@ import torch
 from torch import nn
 
 from harness.measure import caches
+from harness.measure.backward_sites import (
+    failed_node,
+    in_backward,
+    location_in_backward,
+    raised_in_backward_code,
+)
 from harness.measure.dispatch_mode import LazyDynamoMode
 from harness.measure.kernels import (
     ATTENTION,
@@ -421,12 +430,14 @@ class DtypeTracer(LazyDynamoMode):
         return f"aten::{name}, which returned a wider dtype than its inputs"
 
     def site(self, func: Any, inputs: list[torch.Tensor]) -> Site:
+        """The op with where it ran; in a backward, the case's own line only inside a custom
+        Function's backward (the node's forward line is the trail's ``backward_node``)."""
         frame = sys._getframe(1)
         device = inputs[0].device.type if inputs else "cpu"
         return Site(
             op=op_name(func),
             module=module_path(frame, self.root),
-            location=user_location(frame),
+            location=location_in_backward(frame) if in_backward() else user_location(frame),
             input_dtypes=tuple(dtype_name(t.dtype) for t in inputs),
             autocast=self.autocast_dtype(device),
         )
@@ -439,6 +450,7 @@ class DtypeTracer(LazyDynamoMode):
             promotion=behind_failure or self.drift_promotion or self.promotion,
             failure_site=failure,
             compute_dtypes={k: tuple(v) for k, v in self.compute.items()},
+            backward_node=failed_node(error),
         )
 
     def failure_of(self, error: BaseException | None) -> tuple[Site | None, Promotion | None]:
@@ -448,6 +460,8 @@ class DtypeTracer(LazyDynamoMode):
             return None, None
         if self.failure is not None and self.failure_message == str(error):
             return self.failure, self.failure_promotion
+        if failed_node(error) is not None and not raised_in_backward_code(error):
+            return None, None  # a built-in node raised: the trail's backward node says where
         site, tensors = failure_from_traceback(error, self.root)
         return site, promotion_of([t for t in tensors if widens(t.dtype, self.low)])
 

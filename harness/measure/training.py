@@ -22,11 +22,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from harness.measure.backward_sites import (
+    NodeWatch,
+    NonFinite,
+    RandomState,
+    all_finite,
+    located_failure,
+    located_non_finite,
+)
 from harness.measure.precision import Precision, autocast_region, output_leaves
 from harness.schema.records import Note, NoteKind
 
@@ -148,27 +157,103 @@ def train_step(
 ) -> TrainedStep:
     """Forward and loss under the mode's autocast, backward outside it, with the GradScaler
     the recipe asks for (unless the code trained does without: ``scaled`` False); the loss
-    and the gradients of ``model``'s trainable parameters."""
+    and the gradients of ``model``'s trainable parameters. A backward that raised, or left
+    gradients that are not finite, is taken again to say where (``backward_sites``)."""
     params = trainable_parameters(model)
-    for param in params.values():  # each step starts from no gradient (a timed step repeats)
+    scaler = scaled and uses_grad_scaler(precision)
+    began = RandomState.now(precision.device)
+    output, loss = forward_and_loss(forward, loss_of, params, precision)
+    try:
+        ran = backward_pass(loss, params, precision.device, scaler)
+    except Exception as error:
+        del output, loss  # the failed step's graph, freed before the step is taken again
+        recipe = partial(backward_pass, params=params, device=precision.device, scaler=scaler)
+        located_failure(
+            error, partial(step_again, began, forward, loss_of, precision, recipe), params
+        )
+        raise
+    grads = {GRAD_PREFIX + n: p.grad.detach() for n, p in params.items() if p.grad is not None}
+    note = ran.note
+    if not all_finite(grads.values()):
+        rerun = partial(
+            step_again, began, forward, loss_of, precision, partial(backward_at, ran.scale)
+        )
+        note = non_finite_note(located_non_finite(rerun, params), ran.note)
+        for name, p in params.items():  # the step's own gradients, not those taken again
+            p.grad = grads.get(GRAD_PREFIX + name)
+    return TrainedStep({"loss": loss.detach(), **grads}, output, note)
+
+
+def forward_and_loss(
+    forward: Callable[[], Any],
+    loss_of: Callable[[Any], Any],
+    params: dict[str, torch.Tensor],
+    precision: Precision,
+) -> tuple[Any, torch.Tensor]:
+    """The forward and its scalar loss under the mode's autocast, from no gradient (a timed
+    step repeats)."""
+    for param in params.values():
         param.grad = None
     with torch.enable_grad(), autocast_region(precision):
         output = forward()
-        loss = scalar_loss(loss_of(output))
-    if scaled and uses_grad_scaler(precision):
-        note = scaled_backward(loss, params, precision.device)
-    else:
-        loss.backward()
-        note = None
-    grads = {
-        GRAD_PREFIX + name: p.grad.detach() for name, p in params.items() if p.grad is not None
-    }
-    return TrainedStep({"loss": loss.detach(), **grads}, output, note)
+        return output, scalar_loss(loss_of(output))
+
+
+@dataclass(frozen=True)
+class BackwardRan:
+    """What a step's backward did: the scale its gradients were computed at (None:
+    unscaled), and the GradScaler's note where it skipped steps."""
+
+    scale: float | None = None
+    note: Note | None = None
+
+
+def backward_pass(
+    loss: torch.Tensor, params: dict[str, torch.Tensor], device: torch.device, scaler: bool
+) -> BackwardRan:
+    """The backward of the recipe: through a GradScaler (``scaler``), else plain."""
+    if scaler:
+        return scaled_backward(loss, params, device)
+    loss.backward()
+    return BackwardRan()
+
+
+def step_again(
+    began: RandomState,
+    forward: Callable[[], Any],
+    loss_of: Callable[[Any], Any],
+    precision: Precision,
+    backward: Callable[[torch.Tensor], object],
+    watch: NodeWatch,
+) -> None:
+    """The step taken again from the random state it began with, with ``watch`` on its
+    graph and ``backward`` as its backward."""
+    began.restore()
+    _, loss = forward_and_loss(forward, loss_of, watch.params, precision)
+    watch.attach(loss.grad_fn)
+    backward(loss)
+
+
+def backward_at(scale: float | None, loss: torch.Tensor) -> None:
+    """A plain backward of the loss at the scale a step's gradients were made at (None:
+    unscaled)."""
+    (loss if scale is None else loss * scale).backward()
+
+
+def non_finite_note(found: NonFinite | None, skipped: Note | None) -> Note | None:
+    """The note of a step whose gradients are not finite: where they went so (after what
+    the GradScaler skipped, if it did)."""
+    if found is None:
+        return skipped
+    text = found.describe()
+    if skipped is not None:
+        text = f"{skipped.text}; {text}"
+    return Note(NoteKind.GRADIENT, text)
 
 
 def scaled_backward(
     loss: torch.Tensor, params: dict[str, torch.Tensor], device: torch.device
-) -> Note | None:
+) -> BackwardRan:
     """Backward through a GradScaler, its gradients unscaled; where they were not finite
     the scaler skips the step and halves its scale, and the step is taken again (as the
     next step of a fit would be), up to ``MAX_BACKOFFS`` times. A note says what it
@@ -182,13 +267,28 @@ def scaled_backward(
         scaler.scale(loss).backward(retain_graph=True)
         scaler.unscale_(optimizer)
         if all(torch.isfinite(p.grad).all() for p in params.values() if p.grad is not None):
-            break
+            return BackwardRan(scale, scaler_note(skipped, scale))
         skipped.append(scale)
         scaler.update()  # the skipped step: the scale halves
+    return BackwardRan(scale, scaler_note(skipped, None))
+
+
+def scaler_note(skipped: list[float], ran_at: float | None) -> Note | None:
+    """What the GradScaler skipped (each scale, or the first and last of more than three),
+    and the scale the step ran at (None: its gradients were not finite at any it tried)."""
     if not skipped:
         return None
+    scales = ", ".join(f"{s:g}" for s in skipped)
+    if len(skipped) > 3:
+        scales = f"{skipped[0]:g} down to {skipped[-1]:g}"
+    if ran_at is None:
+        return Note(
+            NoteKind.SCALER,
+            f"GradScaler skipped every step it tried ({len(skipped)}): gradients not finite "
+            f"at scale {scales}",
+        )
     return Note(
         NoteKind.SCALER,
         f"GradScaler skipped {len(skipped)} step(s) with gradients not finite at scale "
-        f"{', '.join(f'{s:g}' for s in skipped)}; the step ran at scale {scaler.get_scale():g}",
+        f"{scales}; the step ran at scale {ran_at:g}",
     )

@@ -165,9 +165,7 @@ def record_row(
         "promotion": record.trail.promotion.describe()
         if record.trail and record.trail.promotion
         else None,
-        "failure_site": record.trail.failure_site.describe()
-        if record.trail and record.trail.failure_site
-        else None,
+        "failure_site": record.trail.failure() if record.trail else None,
         "compute": "; ".join(
             f"{kind}: {'+'.join(dtypes)}" for kind, dtypes in record.trail.compute_dtypes.items()
         )

@@ -15,6 +15,7 @@ from harness.schema.axes import (
     SIZES,
     SMALL_SIZE,
     STAGES,
+    TRAIN_STAGE,
     rank,
 )
 from harness.schema.records import LABELS, CellRecord, NoteKind, Outcome, outcome_label
@@ -107,7 +108,8 @@ def speed_text(ratios: dict[RecordKey, SpeedRatios]) -> CellText:
 def failure_line(record: CellRecord) -> str | None:
     """Why a cell did not pass plainly, in one line: the error (unless it is the case's
     known one) with the case's innermost frame, the dtype trail of a cell that raised, the
-    crash kind, the tolerance it missed, and its flags; None for a plain pass."""
+    crash kind, the tolerance it missed, its flags, and a train step's notes (the steps its
+    scaler skipped, where its gradients went non-finite); None for a plain pass."""
     parts = [flag.describe() for flag in record.flags]
     if record.trail and record.outcome is Outcome.RAISES:
         parts.insert(0, str(record.trail.describe()))
@@ -125,10 +127,19 @@ def failure_line(record: CellRecord) -> str | None:
         parts.insert(
             0, f"{finite}rel_err {n.rel_err:.3g}{leaf} > tolerance {n.tolerance:.3g}{decided}"
         )
+    parts += step_notes(record)
     if record.baseline_error:
         parts.append(f"yardstick failed ({record.baseline_error})")
     parts += [f"warns {text}" for text in record.warnings]
     return "; ".join(p for p in parts if p and p != "None") or None
+
+
+def step_notes(record: CellRecord) -> list[str]:
+    """A train cell's notes on its step: the steps its GradScaler skipped, and where its
+    gradients went non-finite."""
+    if record.cell.stage != TRAIN_STAGE:
+        return []
+    return [n.text for n in record.notes if n.kind in (NoteKind.SCALER, NoteKind.GRADIENT)]
 
 
 def error_text(record: CellRecord) -> str:
@@ -140,7 +151,8 @@ def error_text(record: CellRecord) -> str:
 
 
 def detail_lines(records: Sequence[CellRecord]) -> list[str]:
-    """One line per flagged, raising, crashed or timed-out cell of a case."""
+    """One line per flagged, raising, crashed or timed-out cell of a case, and per train
+    cell whose step has a note (its scaler skipped, its gradients went non-finite)."""
     worth_saying = [
         r
         for r in records
@@ -149,6 +161,7 @@ def detail_lines(records: Sequence[CellRecord]) -> list[str]:
             or r.outcome in (Outcome.CRASHED, Outcome.TIMEOUT, Outcome.RAISES)
             or r.baseline_error
             or r.warnings
+            or step_notes(r)
         )
         and failure_line(r)
     ]

@@ -76,6 +76,9 @@ class NoteKind(str, Enum):
     FIT = "fit"
     #: A training step's GradScaler skipped steps (gradients not finite) before it ran.
     SCALER = "scaler"
+    #: A training step's gradients were not finite: the first parameter whose gradient went
+    #: so, and the first backward node that made one from finite gradients.
+    GRADIENT = "gradient"
     #: The notes of a record of schema 3 or older, stored joined in one text: their kinds
     #: were not recorded (and a note's own text may hold ``"; "``, so they are not split).
     JOINED = "joined"

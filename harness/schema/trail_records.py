@@ -65,6 +65,25 @@ class Promotion:
 
 
 @dataclass(frozen=True)
+class BackwardNode:
+    """An autograd node of a training step's backward (the one that raised, or the first to
+    make a gradient that is not finite): its name (``MmBackward0``, a custom Function's
+    ``FusedDenseFuncBackward``), the line of the case's or model's own code whose forward
+    call made it (for a custom ``autograd.Function``, the line that calls ``.apply``), and
+    the dtypes of the gradients it received."""
+
+    node: str
+    made_at: str | None = None
+    grad_dtypes: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """``MmBackward0, made in the forward at model.py:12, on gradients [float16]``."""
+        made = f", made in the forward at {self.made_at}" if self.made_at else ""
+        grads = f", on gradients [{runs_of(self.grad_dtypes)}]" if self.grad_dtypes else ""
+        return f"{self.node}{made}{grads}"
+
+
+@dataclass(frozen=True)
 class Island:
     """Where matmul or attention kernels first computed wider than the cell's dtype, and the
     share of the cell's matmul and attention FLOPs computed wider in all (None: unknown)."""
@@ -104,15 +123,28 @@ class Trail:
     compute_dtypes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     #: Where kernels computed wider than the cell's dtype, and their share of the FLOPs.
     island: Island | None = None
+    #: For an error raised in a training step's backward: the autograd node it raised in,
+    #: and where the forward made that node.
+    backward_node: BackwardNode | None = None
 
     def describe(self) -> str | None:
         """``float32 enters via ... at aten::mul in norm (x.py:12), fails at ...``."""
         parts = []
         if self.promotion:
             parts.append(self.promotion.describe())
-        if self.failure_site:
-            parts.append(f"fails at {self.failure_site.describe()}")
+        failure = self.failure()
+        if failure:
+            parts.append(f"fails {'at ' if self.failure_site else ''}{failure}")
         return ", ".join(parts) or None
+
+    def failure(self) -> str | None:
+        """Where the cell failed: the op that refused (``aten::mm [float16, float32]
+        (x.py:55)``) and, in a backward, the node it ran for (``in the backward of
+        MmBackward0, made in the forward at x.py:12, on gradients [float16]``)."""
+        parts = [self.failure_site.describe()] if self.failure_site else []
+        if self.backward_node:
+            parts.append(f"in the backward of {self.backward_node.describe()}")
+        return " ".join(parts) or None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -120,6 +152,9 @@ class Trail:
             "failure_site": dataclasses.asdict(self.failure_site) if self.failure_site else None,
             "compute_dtypes": {k: list(v) for k, v in self.compute_dtypes.items()},
             "island": dataclasses.asdict(self.island) if self.island else None,
+            "backward_node": (
+                dataclasses.asdict(self.backward_node) if self.backward_node else None
+            ),
         }
 
     @classmethod
@@ -129,11 +164,14 @@ class Trail:
             data.get("failure_site"),
             data.get("compute_dtypes"),
         )
-        island = data.get("island")
-        if promotion is None and failure is None and not compute and not island:
+        island, backward = data.get("island"), data.get("backward_node")
+        if promotion is None and failure is None and not compute and not island and not backward:
             return None
         return cls(
             island=island_from(as_mapping(island, "island")) if island else None,
+            backward_node=backward_from(as_mapping(backward, "backward_node"))
+            if backward
+            else None,
             promotion=promotion_from(as_mapping(promotion, "promotion")) if promotion else None,
             failure_site=site_from(as_mapping(failure, "failure_site")) if failure else None,
             compute_dtypes={
@@ -148,6 +186,14 @@ def promotion_from(data: dict[str, Any]) -> Promotion:
         site=site_from(as_mapping(data["site"], "promotion.site")),
         output_dtype=data["output_dtype"],
         carrier=data["carrier"],
+    )
+
+
+def backward_from(data: dict[str, Any]) -> BackwardNode:
+    return BackwardNode(
+        node=data["node"],
+        made_at=data.get("made_at"),
+        grad_dtypes=as_tuple(data.get("grad_dtypes"), "backward_node.grad_dtypes"),
     )
 
 
