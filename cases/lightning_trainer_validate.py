@@ -19,16 +19,13 @@ The sizes are the encoder case's: toy dimensions, and the #19980 reporter's enco
 from __future__ import annotations
 
 import copy
-import logging
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from cases._lightning import Precision, precision_flag, quiet_lightning
 from cases.lightning_encoder_fastpath import (
     ENCODER_SIZES,
     MAT1_MAT2_DTYPES,
@@ -38,37 +35,6 @@ from cases.lightning_encoder_fastpath import (
 )
 from harness.measure.case import Case, FailureSignature, RunContext, Upstream, Workload, fix
 from harness.measure.registry import register
-
-LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning")
-Precision = Literal["64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"]
-
-
-def precision_flag(ctx: RunContext, true_precision: bool) -> Precision:
-    """The Trainer ``precision`` for a cell: ``*-mixed`` for autocast, ``*-true`` otherwise."""
-    if ctx.is_reference:
-        return "64-true"
-    if ctx.mode == "fp32" or ctx.dtype == torch.float32:
-        return "32-true"
-    mixed = ctx.mode == "autocast" and not true_precision
-    if ctx.dtype == torch.bfloat16:
-        return "bf16-mixed" if mixed else "bf16-true"
-    return "16-mixed" if mixed else "16-true"
-
-
-@contextmanager
-def quiet_lightning() -> Iterator[None]:
-    """Silence Lightning's console info and warnings; restore the logger levels after."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        loggers = [logging.getLogger(name) for name in LIGHTNING_LOGGERS]
-        levels = [lg.level for lg in loggers]
-        for lg in loggers:
-            lg.setLevel(logging.ERROR)
-        try:
-            yield
-        finally:
-            for lg, level in zip(loggers, levels, strict=True):
-                lg.setLevel(level)
 
 
 def validation_module(encoder: nn.TransformerEncoder, ctx: RunContext) -> Any:
