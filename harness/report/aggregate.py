@@ -19,6 +19,8 @@ from typing import Any
 
 import pandas as pd
 
+from harness.report import stages
+from harness.report.stages import StageFailure
 from harness.results import storage
 from harness.results.computed_in import ComputedIn, computed_in, fix_computed_in
 from harness.results.search import release_key
@@ -191,6 +193,7 @@ def record_row(
         "peak_fraction": perf.peak_fraction if perf else None,
         "vs_control": ratio.vs_control if ratio else None,
         "vs_fastest": ratio.vs_fastest if ratio else None,
+        "fit": record.fit,
     }
 
 
@@ -218,20 +221,27 @@ def records_frame(runs: Sequence[Run]) -> pd.DataFrame:
         {name: list(chain.from_iterable(found[name] for found in columns)) for name in columns[0]}
     )
     frame["env"] = environment_labels(frame, show_host)
+    frame["base_row"] = base_row_labels(frame)
     frame["row"] = row_labels(frame)
     # the host an environment's label names: none where every run came from one host
     frame["host"] = frame["hostname"] if show_host else ""
     return frame
 
 
-def row_labels(frame: pd.DataFrame) -> pd.Series:
+def base_row_labels(frame: pd.DataFrame) -> pd.Series:
     """``fix``, or ``fix [backend]`` for cases that ran several backends, with
     `` @upstream`` for a cell of a workload size other than ``small`` (every figure says
-    which size it is from) and `` · train`` for a cell of a stage other than ``forward``."""
+    which size it is from): a fix's row at every stage."""
     backends = frame.groupby("case")["backend"].transform("nunique")
     rows = frame["row_with_backend"].where(backends > 1, frame["row_without_backend"])
     sized = frame["size"] != SMALL_SIZE
-    rows = rows.where(~sized, rows + " @" + frame["size"])
+    return rows.where(~sized, rows + " @" + frame["size"])
+
+
+def row_labels(frame: pd.DataFrame) -> pd.Series:
+    """The base row (:func:`base_row_labels`), with `` · train`` for a cell of a stage
+    other than ``forward``."""
+    rows = frame["base_row"]
     trained = frame["stage"] != FORWARD_STAGE
     return rows.where(~trained, rows + " · " + frame["stage"])
 
@@ -252,18 +262,27 @@ def column_order(frame: pd.DataFrame) -> list[tuple[str, str, str]]:
 
 
 def row_order(frame: pd.DataFrame) -> list[tuple[str, str]]:
-    """(case, row) pairs: cases by name, the upstream path ``none`` first in each."""
-    pairs = frame.drop_duplicates(["case", "row"])[["case", "row", "fix", "size", "stage"]]
+    """(case, row) pairs: cases by name, the upstream path ``none`` first in each, and a
+    fix's stages next to each other (forward, train, fit), so each fix reads across
+    them."""
+    columns = ["case", "row", "base_row", "fix", "size", "stage"]
+    pairs = frame.drop_duplicates(["case", "row"])[columns]
     ordered = sorted(
         pairs.itertuples(index=False),
-        key=lambda p: (p.case, rank(SIZES, p.size), rank(STAGES, p.stage), p.fix != "none", p.row),
+        key=lambda p: (
+            p.case,
+            rank(SIZES, p.size),
+            p.fix != "none",
+            p.base_row,
+            rank(STAGES, p.stage),
+        ),
     )
     return [(p.case, p.row) for p in ordered]
 
 
 #: What the summary matrix reads of the frame (its filters copy only these).
-MATRIX_COLUMNS = ["case", "row", "env", "dtype", "mode", "label", "fix", "size", "stage",
-                  "torch_version", "device"]  # fmt: skip
+MATRIX_COLUMNS = ["case", "row", "base_row", "env", "dtype", "mode", "label", "fix", "size",
+                  "stage", "torch_version", "device"]  # fmt: skip
 
 
 def summary_matrix(frame: pd.DataFrame) -> pd.DataFrame:
@@ -379,6 +398,8 @@ class Recommendation:
     criterion: str = ""
     #: Fixes that pass everywhere by falling back to float32, each with its cost.
     fallbacks: tuple[str, ...] = ()
+    #: Fixes that pass inference (their first stage) but fail a later stage, with why.
+    stage_failures: tuple[StageFailure, ...] = ()
 
 
 CRITERION = (
@@ -400,57 +421,79 @@ def precision_by_fix(case_frame: pd.DataFrame) -> dict[str, ComputedIn | None]:
 
 
 #: What a recommendation reads of the frame.
-RECOMMEND_COLUMNS = ["fix", "outcome", "label", "computed_in", "rel_err", "vs_fastest", "env",
-                     "size", "dtype", "mode", "median_s", "peak_mem_bytes"]  # fmt: skip
+RECOMMEND_COLUMNS = list(dict.fromkeys([
+    "fix", "outcome", "label", "computed_in", "rel_err", "vs_fastest", "env", "size", "dtype",
+    "mode", "median_s", "peak_mem_bytes", "stage", *stages.STAGE_COLUMNS,
+]))  # fmt: skip
+
+
+def stage_criterion(ran: Sequence[str]) -> str:
+    """What a case that ran several stages adds to its criterion."""
+    first = stages.NOUN.get(ran[0], ran[0])
+    return (
+        f" A fix must pass at every stage that ran ({', '.join(ran)}); error and time are "
+        f"compared at the {first}."
+    )
 
 
 def recommend(frame: pd.DataFrame, case: str) -> Recommendation:
-    """The fix that passes in every environment measured, keeps half precision, and has the
-    lowest error and time.
+    """The fix that passes in every environment measured, at every stage that ran, keeps
+    half precision, and has the lowest error and time.
 
-    Candidates are fixes other than ``none`` whose every cell that ran passed, and of those
-    the ones that do not fall back to float32; only when none is left are the fallbacks
-    considered. Among the candidates the one with the lowest median error and the lowest
-    median time (relative to the fastest passing fix) wins; when no single fix is best at
-    both, the sum of its two ranks decides and the reason says what was traded.
+    Candidates are fixes other than ``none`` whose every cell that ran passed (at every
+    stage: a fix that passes inference and stalls in training is no candidate, and is named
+    with the reason), and of those the ones that do not fall back to float32; only when
+    none is left are the fallbacks considered. Among the candidates the one with the lowest
+    median error and the lowest median time (relative to the fastest passing fix), both at
+    the first stage that ran (inference), wins; when no single fix is best at both, the sum
+    of its two ranks decides and the reason says what was traded.
     """
     mine = frame.loc[
         (frame["case"] == case) & (frame["outcome"] != Outcome.SKIPPED.value), RECOMMEND_COLUMNS
     ]
+    ran = stages.stages_ran(mine)
+    staged = len(ran) > 1
+    failures = stages.stage_failures(mine)
     candidates = fixes_passing_everywhere(mine)
     if not candidates:
-        return Recommendation(case, None, "no fix passes in every environment measured")
+        where = "at every stage and " if staged else ""
+        reason = f"no fix passes {where}in every environment measured"
+        return Recommendation(case, None, reason, stage_failures=failures)
     levels = precision_by_fix(mine)
     fallbacks = [f for f in candidates if levels.get(f) is ComputedIn.FALLBACK]
     in_half = [f for f in candidates if f not in fallbacks]
     pool = in_half or fallbacks
+    judged = mine[mine["stage"] == ran[0]] if staged else mine
     stats = (
-        mine[mine["fix"].isin(pool)]
+        judged[judged["fix"].isin(pool)]
         .groupby("fix")
-        .agg(
-            error=("rel_err", "median"),
-            time=("vs_fastest", "median"),
-            cells=("fix", "size"),
-            envs=("env", "nunique"),
+        .agg(error=("rel_err", "median"), time=("vs_fastest", "median"))
+        .join(
+            mine[mine["fix"].isin(pool)]
+            .groupby("fix")
+            .agg(cells=("fix", "size"), envs=("env", "nunique")),
+            how="right",
         )
     )
     stats["score"] = stats["error"].rank() + stats["time"].rank(na_option="bottom")
     best = stats.sort_values(["score", "time"]).iloc[0]
     name = str(stats.sort_values(["score", "time"]).index[0])
     costs = tuple(fallback_cost(mine, f, name) for f in fallbacks if f != name)
+    criterion = CRITERION if in_half else FALLBACK_CRITERION
     return Recommendation(
         case,
         name,
-        _reason(name, best, stats),
-        CRITERION if in_half else FALLBACK_CRITERION,
+        _reason(name, best, stats, tuple(ran) if staged else ()),
+        criterion + (stage_criterion(ran) if staged else ""),
         costs,
+        failures,
     )
 
 
 def fallback_cost(case_frame: pd.DataFrame, fallback: str, chosen: str) -> str:
     """``fp32: an fp32 fallback; 1.8x the time and 2.0x the memory of cast-kv-to-q``,
     medians over the columns where both were measured."""
-    columns = ["env", "size", "dtype", "mode"]  # never a ratio across workload sizes
+    columns = ["env", "size", "stage", "dtype", "mode"]  # never a ratio across sizes or stages
     pair = case_frame[case_frame["fix"].isin([fallback, chosen])]
     by_column = pair.pivot_table(
         index=columns, columns="fix", values=["median_s", "peak_mem_bytes"], aggfunc="median"
@@ -470,14 +513,22 @@ def best_of(values: pd.Series) -> str | None:
     return str(values.idxmin()) if values.notna().any() else None
 
 
-def _reason(name: str, best: pd.Series, stats: pd.DataFrame) -> str:
+def _reason(name: str, best: pd.Series, stats: pd.DataFrame, staged: tuple[str, ...]) -> str:
+    """Why ``name`` won; ``staged``: the stages the case ran, where it ran several."""
+    at_stages = f" at every stage ({', '.join(staged)})" if staged else ""
+    at_first = f" at the {stages.NOUN.get(staged[0], staged[0])}" if staged else ""
     parts = [
-        f"passes in all {int(best['cells'])} cells over {int(best['envs'])} "
-        f"environment(s); median error {best['error']:.2e}"
+        f"passes in all {int(best['cells'])} cells{at_stages} over {int(best['envs'])} "
+        f"environment(s); median error {best['error']:.2e}{at_first}"
     ]
     if pd.notna(best["time"]):
         parts.append(f"median time {best['time']:.2f}x the fastest passing fix")
     lowest_error, fastest = best_of(stats["error"]), best_of(stats["time"])
+    # a tie is no trade: the fix chosen is as accurate (as fast) as the best
+    if lowest_error is not None and not stats.loc[lowest_error, "error"] < best["error"]:
+        lowest_error = name
+    if fastest is not None and not stats.loc[fastest, "time"] < best["time"]:
+        fastest = name
     if lowest_error not in (None, name):
         parts.append(
             f"{lowest_error} is more accurate ({stats.loc[lowest_error, 'error']:.2e}) but slower"

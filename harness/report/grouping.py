@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 
 from harness.results.search import release_key
-from harness.schema.axes import DTYPES, MODE_NAMES, rank
+from harness.schema.axes import DTYPES, MODE_NAMES, STAGES, rank
 
 #: What makes two measurements the same cell in different environments.
 CELL_KEY = ("row", "dtype", "mode", "size")
@@ -145,10 +145,26 @@ def key_columns(frame: pd.DataFrame) -> list[str]:
     return [c for c in CELL_KEY if c in frame.columns]
 
 
-def cell_key_order(key: tuple[Any, ...], fixes: dict[str, str]) -> tuple[Any, ...]:
-    """The upstream path ``none`` first, then rows by name, dtypes and modes in axis order."""
+def cell_key_order(key: tuple[Any, ...], rows: dict[str, tuple[Any, ...]]) -> tuple[Any, ...]:
+    """Rows in the order ``rows`` gives them (the upstream path ``none`` first, a fix's
+    stages together: :func:`row_sort_keys`), then dtypes and modes in axis order."""
     row, dtype, mode, *rest = key
-    return (fixes.get(row) != "none", row, rank(DTYPES, dtype), rank(MODE_NAMES, mode), *rest)
+    return (rows.get(row, (True, row)), rank(DTYPES, dtype), rank(MODE_NAMES, mode), *rest)
+
+
+def row_sort_keys(frame: pd.DataFrame) -> dict[str, tuple[Any, ...]]:
+    """Each row label's place: ``none`` first, then fixes by name, each fix's stages in axis
+    order (forward, train, fit) after each other."""
+    columns = [c for c in ("row", "fix", "base_row", "stage") if c in frame]
+    found = frame[columns].drop_duplicates("row")
+    return {
+        str(r["row"]): (
+            r["fix"] != "none",
+            r.get("base_row", r["row"]),
+            rank(STAGES, r.get("stage", STAGES[0])),
+        )
+        for r in found.to_dict("records")
+    }
 
 
 def filled(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:

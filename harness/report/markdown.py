@@ -8,8 +8,9 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from harness.report import aggregate
+from harness.report import aggregate, stages
 from harness.report.aggregate import Run
+from harness.schema.axes import STAGES
 from harness.schema.records import LABELS
 from harness.schema.text import markdown_safe
 
@@ -32,6 +33,46 @@ def outcome_counts(frame: pd.DataFrame) -> list[str]:
     return markdown_table(["environment", *outcomes], rows)
 
 
+def which_fix(frame: pd.DataFrame) -> list[str]:
+    """Per case, the fix recommended (passing at every stage that ran) and each fix that
+    passes inference but fails a later stage, with why."""
+    rows = []
+    for case in sorted(frame["case"].unique()):
+        found = aggregate.recommend(frame, str(case))
+        verdict = "recommended" if found.fix else "no recommendation"
+        rows.append([str(case), found.fix or "-", verdict, found.reason])
+        rows += [
+            [str(case), failure.fix, "not recommended", failure.reason]
+            for failure in found.stage_failures
+        ]
+    return ["### Which fix", "", *markdown_table(["case", "fix", "verdict", "why"], rows), ""]
+
+
+def across_stages(frame: pd.DataFrame) -> list[str]:
+    """Each fix of a case that ran several stages: its outcome at each, and its train
+    step's time and memory over its forward pass's."""
+    views = [(str(case), stages.side_by_side(mine)) for case, mine in frame.groupby("case")]
+    staged = [(case, view) for case, view in views if view is not None]
+    shown = [s for s in STAGES if any(s in view.stages for _, view in staged)]
+    rows = []
+    for case, view in staged:
+        for row in view.fixes:
+            by_stage = dict(zip(view.stages, row["stages"], strict=True))
+            outcomes = [stage_text(by_stage.get(stage)) for stage in shown]
+            rows.append([case, row["row"], *outcomes, row["time_ratio"], row["memory_ratio"]])
+    if not rows:
+        return []
+    header = ["case", "fix", *shown, "train / forward: time", "train / forward: memory"]
+    return ["### Each fix across stages", "", *markdown_table(header, rows), ""]
+
+
+def stage_text(outcome: stages.StageOutcome | None) -> str:
+    if outcome is None:
+        return "not run"
+    misses = f" ({'; '.join(outcome.misses)})" if outcome.misses else ""
+    return outcome.text + misses
+
+
 def render_markdown(runs: Sequence[Run]) -> str:
     frame = aggregate.records_frame(runs)
     lines = ["## ampmatrix", ""]
@@ -47,5 +88,7 @@ def render_markdown(runs: Sequence[Run]) -> str:
     rows = [[case, fix, values.iloc[-1]] for (case, fix), values in passing.iterrows()]
     lines += ["### First release where each fix passes", ""]
     lines += [*markdown_table(["case", "fix", "first passing"], rows), ""]
+    lines += which_fix(frame)
+    lines += across_stages(frame)
     lines += ["Labels: " + "; ".join(f"`{label.text}`: {label.meaning}" for label in LABELS), ""]
     return "\n".join(lines)

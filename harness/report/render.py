@@ -21,13 +21,13 @@ import pandas as pd
 if TYPE_CHECKING:
     import jinja2
 
-from harness.report import aggregate, grouping, plots
+from harness.report import aggregate, grouping, plots, stages
 from harness.report.aggregate import Run
 from harness.report.compare import Comparison
 from harness.report.grouping import Environments, EnvironmentSet
 from harness.results import storage
 from harness.results.summary import noise_statement
-from harness.schema.axes import MODES, SIZES, rank
+from harness.schema.axes import FIT_STAGE, MODES, SIZES, TRAIN_STAGE, rank
 from harness.schema.records import DRIFT, LABELS
 from harness.schema.run_files import CaseInfo
 
@@ -58,11 +58,13 @@ def template_environment() -> jinja2.Environment:
     its template while they are drawn)."""
     from jinja2 import Environment, PackageLoader, select_autoescape
 
-    return Environment(
+    environment = Environment(
         loader=PackageLoader("harness.report", "templates"),
         autoescape=select_autoescape(default=True, default_for_string=True),
         trim_blocks=False,
     )
+    environment.filters["css"] = css_for
+    return environment
 
 
 def fmt(value: Any, spec: str) -> str:
@@ -180,8 +182,8 @@ NUMBERS: tuple[tuple[str, Callable[[Any], str]], ...] = (
 
 
 #: What a case's table of cells reads of the frame.
-ROW_COLUMNS = [*grouping.CELL_KEY, "env", "fix", *grouping.VARIANT, "noisy", "launch_bound",
-               *(column for column, _ in NUMBERS)]  # fmt: skip
+ROW_COLUMNS = [*grouping.CELL_KEY, "env", "fix", "base_row", "stage", *grouping.VARIANT,
+               "noisy", "launch_bound", *(column for column, _ in NUMBERS)]  # fmt: skip
 
 
 def cell_rows(case_frame: pd.DataFrame, envs: Environments) -> list[dict[str, Any]]:
@@ -193,13 +195,13 @@ def cell_rows(case_frame: pd.DataFrame, envs: Environments) -> list[dict[str, An
     keys = grouping.key_columns(case_frame)
     show_size = "size" in case_frame and case_frame["size"].nunique() > 1
     universe = case_frame["env"].unique()
-    fixes = dict(zip(case_frame["row"], case_frame["fix"], strict=False))
+    rows_order = grouping.row_sort_keys(case_frame)
     variants: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for found in variant_stats(case_frame, [*keys, *grouping.VARIANT]):
         key = tuple(found[k] for k in keys)
         variants.setdefault(key, []).append(found)
     rows = []
-    for key in sorted(variants, key=lambda k: grouping.cell_key_order(k, fixes)):
+    for key in sorted(variants, key=lambda k: grouping.cell_key_order(k, rows_order)):
         ordered = sorted(variants[key], key=lambda v: -len(v["envs"]))
         for i, found in enumerate(ordered):
             row = variant_row(found, envs.describe(found["envs"], universe), show_size)
@@ -357,6 +359,30 @@ def case_view(
         "skipped": skipped_summary(mine, envs),
         "messages": messages(mine, envs),
         "trails": trails(mine, envs),
+        "stages": stage_view(mine),
+    }
+
+
+def stage_view(mine: pd.DataFrame) -> dict[str, Any] | None:
+    """Each fix across the stages the case ran (``harness.report.stages``), each fit's
+    loss curve an inline SVG; None for a case that ran one stage."""
+    view = stages.side_by_side(mine)
+    if view is None:
+        return None
+    for row in view.columns:
+        fit = row["fit"]
+        row["curve"] = (
+            plots.loss_sparkline(fit.fit.losses, fit.fit.reference_losses, fit.label == "passes")
+            if fit
+            else ""
+        )
+    return {
+        "stages": view.stages,
+        "fixes": view.fixes,
+        "columns": view.columns,
+        "across": view.across,
+        "trained": TRAIN_STAGE in view.stages,
+        "fitted": FIT_STAGE in view.stages,
     }
 
 
