@@ -307,25 +307,27 @@ def shortfall(last: float, reference: tuple[float, ...]) -> float | None:
 
 
 def stall_reason(figures: FitFigures) -> str | None:
-    """Why a fit stalled, or None: a loss that is not finite, every step skipped, the loss
-    short of the float64 fit's progress, or its updates lost to rounding."""
+    """Why a fit stalled, or None: a loss that is not finite, every step skipped, or the
+    loss short of the float64 fit's progress and its updates lost to rounding (each said
+    where it is beyond its limit)."""
     if not all(math.isfinite(v) for v in figures.losses):
         step = next(i for i, v in enumerate(figures.losses) if not math.isfinite(v))
         return f"the fit's loss is not finite from step {step}"
     if figures.steps and figures.skipped_steps == figures.steps:
         return f"the GradScaler skipped every step of the fit (scale {figures.final_scale:g})"
+    reasons = []
     if figures.shortfall is not None and figures.shortfall > SHORTFALL_LIMIT:
-        return (
-            f"the fit stalls: its loss ends at {figures.losses[-1]:.4g}, "
-            f"{figures.shortfall:.0%} short of the float64 fit's progress "
-            f"({figures.reference_losses[0]:.4g} to {figures.reference_losses[-1]:.4g})"
+        reasons.append(
+            f"its loss ends at {figures.losses[-1]:.4g}, {figures.shortfall:.0%} short of the "
+            f"float64 fit's progress ({figures.reference_losses[0]:.4g} to "
+            f"{figures.reference_losses[-1]:.4g})"
         )
     if figures.lost_share > LOST_LIMIT:
-        return (
-            f"the fit stalls: {figures.lost_share:.0%} of the updates the optimizer computed "
-            f"were lost to the weights' rounding"
+        reasons.append(
+            f"{figures.lost_share:.0%} of the updates the optimizer computed were lost to the "
+            f"weights' rounding"
         )
-    return None
+    return "the fit stalls: " + "; ".join(reasons) if reasons else None
 
 
 def shortfall_numerics(figures: FitFigures) -> Numerics:

@@ -15,7 +15,6 @@ from harness.schema.axes import (
     SIZES,
     SMALL_SIZE,
     STAGES,
-    TRAIN_STAGE,
     rank,
 )
 from harness.schema.records import LABELS, CellRecord, NoteKind, Outcome, outcome_label
@@ -135,9 +134,9 @@ def failure_line(record: CellRecord) -> str | None:
 
 
 def step_notes(record: CellRecord) -> list[str]:
-    """A train cell's notes on its step: the steps its GradScaler skipped, and where its
-    gradients went non-finite."""
-    if record.cell.stage != TRAIN_STAGE:
+    """A train or fit cell's notes on its steps: the steps its GradScaler skipped, and where
+    its gradients went non-finite."""
+    if record.cell.stage == FORWARD_STAGE:
         return []
     return [n.text for n in record.notes if n.kind in (NoteKind.SCALER, NoteKind.GRADIENT)]
 
@@ -151,8 +150,9 @@ def error_text(record: CellRecord) -> str:
 
 
 def detail_lines(records: Sequence[CellRecord]) -> list[str]:
-    """One line per flagged, raising, crashed or timed-out cell of a case, and per train
-    cell whose step has a note (its scaler skipped, its gradients went non-finite)."""
+    """One line per flagged, raising, crashed or timed-out cell of a case, per train or fit
+    cell whose steps have a note (its scaler skipped, its gradients went non-finite), and per
+    fit that stalled."""
     worth_saying = [
         r
         for r in records
@@ -162,6 +162,7 @@ def detail_lines(records: Sequence[CellRecord]) -> list[str]:
             or r.baseline_error
             or r.warnings
             or step_notes(r)
+            or (r.fit and r.outcome is Outcome.INACCURATE)
         )
         and failure_line(r)
     ]
@@ -229,7 +230,9 @@ def render_summary(records: Sequence[CellRecord]) -> str:
     staged = any(r.cell.stage != FORWARD_STAGE for r in records)
     tables = {(r.cell.case, r.cell.size, r.cell.stage) for r in records}
     for case, size, stage in sorted(tables, key=table_order):
-        mine = [r for r in records if (r.cell.case, r.cell.size, r.cell.stage) == (case, size, stage)]
+        mine = [
+            r for r in records if (r.cell.case, r.cell.size, r.cell.stage) == (case, size, stage)
+        ]
         precision = precision_line(mine)
         heading = table_heading(case, size, stage, sized, staged)
         lines += [heading, *("  " + row for row in case_table(mine)), *detail_lines(mine)]
