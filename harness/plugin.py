@@ -48,18 +48,22 @@ class ModelTest:
     factory: Callable[..., Any]
     matrix: Matrix
     expect: Mapping[str, str] = field(default_factory=dict)
+    #: The loss of a training step, where the test names one (``loss=``).
+    loss: Callable[..., Any] | None = None
 
     def case(self, name: str, source: str) -> Case:
         from harness.measure import registry
         from harness.measure.model_case import model_case
 
-        return registry.find(name) or model_case(name, self.factory, self.matrix, source)
+        found = registry.find(name)
+        return found or model_case(name, self.factory, self.matrix, source, loss=self.loss)
 
 
 def check_model(
     *,
     keep_fp32: tuple[str, ...] = (),
     expect: Mapping[str, str] | None = None,
+    loss: Callable[..., Any] | None = None,
     **axes: tuple[str, ...],
 ) -> Callable[[Callable[..., Any]], Callable[[Any], None]]:
     """Turn a factory of ``(model, inputs)`` into one test per cell of the matrix asked for.
@@ -70,14 +74,25 @@ def check_model(
     ``cuda`` (every visible GPU; skipped where there is none); ``backends`` are passed to a
     factory that takes the cell's context (``ctx.backend``); ``expect`` maps ``"dtype/mode"``
     (any of those axes' values, joined by ``/``) to the outcome label accepted there, e.g.
-    ``"raises"`` or ``"passes[drift]"``.
+    ``"raises"`` or ``"passes[drift]"``. ``stages=("forward", "train")`` also takes one
+    training step in each cell; its loss is ``loss(output)`` or ``loss(output, inputs)``
+    where ``loss`` is given (it wins over a loss the model returns), else the model's own
+    ``loss``, else the mean squared error against a fixed random target.
     """
-    from harness.measure.model_case import Matrix  # torch is imported here, by a test module
+    from harness.measure.model_case import (  # torch is imported here, by a test module
+        Matrix,
+        check_loss_signature,
+        check_loss_stages,
+    )
 
     matrix = Matrix(keep_fp32=keep_fp32, **axes)
+    if loss is not None:
+        name = getattr(loss, "__qualname__", repr(loss))
+        check_loss_signature(loss, f"loss={name}")
+        check_loss_stages(matrix["stages"], name)
 
     def decorate(factory: Callable[..., Any]) -> Callable[[Any], None]:
-        spec = ModelTest(factory, matrix, dict(expect or {}))
+        spec = ModelTest(factory, matrix, dict(expect or {}), loss)
 
         def test(ampmatrix_cell: Any) -> None:
             run_model_cell(spec, ampmatrix_cell)

@@ -30,6 +30,15 @@ def fill(check: argparse.ArgumentParser) -> None:
         help="a module or parameter (dotted name) your model keeps in float32 when cast; "
         "FACTORY=NAME for one target's model only",
     )
+    check.add_argument(
+        "--loss",
+        action="append",
+        default=[],
+        metavar="MODULE:FUNC",
+        help="the loss of a training step (--stage train): FUNC(output) or "
+        "FUNC(output, inputs) returns a scalar tensor; it wins over a loss your model "
+        "returns; FACTORY=MODULE:FUNC for one target's model only",
+    )
     add_run_options(check, MODEL_AXES)
     add_report_dir(check)
 
@@ -46,5 +55,6 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         models=tuple(names),
         models_path=str(Path.cwd()),
         keep_fp32=tuple(split_values(args.keep_fp32)),
+        losses=tuple(args.loss),
     )
     return show_run(run(config), args.report_dir)

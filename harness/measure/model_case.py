@@ -14,6 +14,15 @@ returns a cache, say). The harness applies each cell's device and precision, cal
 model, and judges the output against the same model in float64, with the rules, flags and
 dtype trail of the built-in cases. The pytest plugin (:mod:`harness.plugin`) and
 ``python -m harness check MODULE:FACTORY`` both build on this.
+
+In a ``train`` (or ``fit``) cell the loss of the step is, in this order: the loss the user
+named (``--loss MODULE:FUNC``, ``check_model(loss=...)``), a function ``loss(output)`` or
+``loss(output, inputs)`` of the output (what ``forward`` picked) and the inputs as the
+factory gave them (a dict, or a tuple of the positional ones), in the cell's precision;
+else the ``loss`` the model's output carries (a transformers model given ``labels``); else
+the mean squared error of every floating output against a fixed random target. A named
+loss wins over the model's own: a user who names one means it (and may read
+``output.loss`` in it).
 """
 
 from __future__ import annotations
@@ -33,7 +42,14 @@ import torch
 
 from harness.measure import import_probe, registry
 from harness.measure.case import Case, RunContext, Upstream, Workload, fix
-from harness.schema.axes import CONTROL_MODE, DEVICE_KINDS, FORWARD_STAGE, MODEL_AXES
+from harness.schema.axes import (
+    CONTROL_MODE,
+    DEVICE_KINDS,
+    FIT_STAGE,
+    FORWARD_STAGE,
+    MODEL_AXES,
+    TRAIN_STAGE,
+)
 from harness.schema.config import RunConfig
 from harness.schema.selection import Selection
 
@@ -44,6 +60,12 @@ FORWARD = "*forward"
 
 Factory = Callable[..., Any]
 Forward = Callable[[Any, dict[str, Any]], Any]
+Loss = Callable[..., Any]
+#: The stages whose cells take a loss (a named loss means nothing to the others).
+LOSS_STAGES = (TRAIN_STAGE, FIT_STAGE)
+#: How a factory and a loss function are named, as a one-line error shows them.
+FACTORY_FORM = "MODULE:FACTORY, e.g. models:build_block"
+LOSS_FORM = "MODULE:FUNC, e.g. mylosses:token_loss"
 
 
 class ModelCheckError(ValueError):
@@ -141,6 +163,58 @@ def call_model(model: Any, inputs: dict[str, Any]) -> Any:
     return model(*given.get(POSITIONAL, ()), **keywords)
 
 
+def factory_inputs(inputs: dict[str, Any]) -> dict[str, Any] | tuple[Any, ...]:
+    """The inputs as the factory gave them: its keyword inputs as a dict, or its positional
+    ones as a tuple (one tensor given alone is a tuple of one)."""
+    given = {k: v for k, v in inputs.items() if k != FORWARD}
+    if POSITIONAL in given:
+        return tuple(given[POSITIONAL])
+    return given
+
+
+def takes_inputs(loss: Loss) -> bool:
+    """Whether a loss function takes the inputs after the output (two positional
+    arguments); one whose signature cannot be read is given the output alone."""
+    try:
+        inspect.signature(loss).bind(None, None)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def named_loss(loss: Loss, name: str, output: Any, inputs: dict[str, Any]) -> torch.Tensor:
+    """``loss(output)`` or ``loss(output, inputs)``; what is not a one-element tensor is a
+    ``TrainingError`` that names the function."""
+    from harness.measure.training import TrainingError
+
+    value = loss(output, factory_inputs(inputs)) if takes_inputs(loss) else loss(output)
+    if not isinstance(value, torch.Tensor):
+        raise TrainingError(f"the loss {name} returned {type(value).__name__}, not a tensor")
+    if value.numel() != 1:
+        raise TrainingError(
+            f"the loss {name} is not a scalar: it returned shape {tuple(value.shape)}"
+        )
+    return value
+
+
+def check_loss_signature(loss: Loss, name: str) -> None:
+    """A ``ModelCheckError`` where ``loss`` takes neither ``(output)`` nor
+    ``(output, inputs)`` (a signature that cannot be read is taken on trust)."""
+    if not callable(loss):
+        raise ModelCheckError(f"{name}: a loss is a function (output[, inputs]) -> tensor")
+    try:
+        signature = inspect.signature(loss)
+    except (TypeError, ValueError):
+        return
+    for arguments in ((None,), (None, None)):
+        try:
+            signature.bind(*arguments)
+        except TypeError:
+            continue
+        return
+    raise ModelCheckError(f"{name} takes {signature}: a loss takes (output) or (output, inputs)")
+
+
 class ModelCase(Case):
     """A model from a factory: its one fix, ``none``, calls the model as it is."""
 
@@ -153,9 +227,21 @@ class ModelCase(Case):
     #: A factory may build another model per backend (transformers' attention classes draw
     #: their random weights in another order): each backend is judged against its own.
     reference_per_backend = True
+    #: The loss the user named (``--loss``, ``check_model(loss=...)``), or None, and its
+    #: name as errors say it (``MODULE:FUNC``, or the function's own name).
+    loss_function: ClassVar[Loss | None] = None
+    loss_name: ClassVar[str] = ""
 
     def build(self, ctx: RunContext) -> Workload:
         return as_workload(call_factory(type(self).factory, ctx), self.name)
+
+    def loss(self, output: Any, workload: Workload, ctx: RunContext) -> Any:
+        """The named loss of the output, where the user named one; else the case's default
+        (the model's own ``loss``, else the mean squared error against a fixed target)."""
+        named = type(self).loss_function
+        if named is None:
+            return super().loss(output, workload, ctx)
+        return named_loss(named, type(self).loss_name, output, workload.inputs)
 
     @fix("none", rationale="the model as it is")
     def none(self, w: Workload, ctx: RunContext) -> Any:
@@ -163,12 +249,23 @@ class ModelCase(Case):
 
 
 def model_case(
-    name: str, factory: Factory, matrix: Matrix, source_file: str, target: str = ""
+    name: str,
+    factory: Factory,
+    matrix: Matrix,
+    source_file: str,
+    target: str = "",
+    loss: Loss | None = None,
+    loss_name: str = "",
 ) -> Case:
     """A case for the model ``factory`` builds, over the cells ``matrix`` asks for;
-    ``target`` is the ``MODULE:FACTORY`` it was named by, where ``check`` named it."""
+    ``target`` is the ``MODULE:FACTORY`` it was named by, where ``check`` named it; ``loss``
+    the loss its training steps take, where the user named one (``loss_name``: as named)."""
     modes = tuple(dict.fromkeys((*matrix["modes"], CONTROL_MODE)))
     stages = tuple(dict.fromkeys((FORWARD_STAGE, *matrix["stages"])))
+    loss_name = loss_name or getattr(loss, "__qualname__", "") or repr(loss)
+    if loss is not None:
+        check_loss_signature(loss, loss_name)
+        check_loss_stages(stages, loss_name)
     attributes = {
         "name": name,
         "title": (inspect.getdoc(factory) or f"{name}: a model checked by ampmatrix")
@@ -182,16 +279,29 @@ def model_case(
         "keep_fp32": matrix.keep_fp32,
         "source_file": source_file,
         "target": target,
+        "loss_function": None if loss is None else staticmethod(loss),
+        "loss_name": loss_name if loss is not None else "",
     }
     cls = type(f"ModelCase_{name.replace('-', '_')}", (ModelCase,), attributes)
     return registry.add_model_case(cls())
 
 
-def split_target(target: str) -> tuple[str, str]:
-    """``MODULE:FACTORY`` as its two parts, or a ``ModelCheckError`` saying what is wrong."""
+def check_loss_stages(stages: Sequence[str], name: str) -> None:
+    """A named loss with no stage that takes a loss is a ``ModelCheckError``: the user
+    would read the verdicts as the loss's, and none of them used it."""
+    if not set(stages) & {*LOSS_STAGES, "all"}:
+        raise ModelCheckError(
+            f"the loss {name} is taken by a training step, and no stage trains: "
+            f"ask for the stage {' or '.join(LOSS_STAGES)} too"
+        )
+
+
+def split_target(target: str, form: str = FACTORY_FORM) -> tuple[str, str]:
+    """``MODULE:FACTORY`` (or a loss's ``MODULE:FUNC``: ``form``) as its two parts, or a
+    ``ModelCheckError`` saying what is wrong."""
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
-        raise ModelCheckError(f"{target!r}: expected MODULE:FACTORY, e.g. models:build_block")
+        raise ModelCheckError(f"{target!r}: expected {form}")
     return module_name, attribute
 
 
@@ -220,10 +330,30 @@ def target_names(targets: Sequence[str]) -> dict[str, str]:
 
 def load_target(target: str, path: str = "") -> tuple[Factory, str]:
     """The factory named by ``MODULE:FACTORY`` (importable from ``path``, the folder
-    ``check`` ran in, too) and the file it is defined in. The module is first imported in
-    a forked child (``import_probe``), so one that exits, crashes or hangs as it is imported
-    is one line; torch settings it changes as it is imported are put back."""
-    module_name, attribute = split_target(target)
+    ``check`` ran in, too) and the file it is defined in."""
+    factory, module = load_function(target, path)
+    return factory, factory_file(factory, module)
+
+
+def load_loss(spec: str, path: str = "") -> Loss:
+    """The loss function named by ``MODULE:FUNC`` (``--loss``), imported as a factory is;
+    what is wrong with it is a ``ModelCheckError`` that says ``--loss``."""
+    try:
+        loss, _ = load_function(spec, path, LOSS_FORM)
+        check_loss_signature(loss, spec)
+    except ModelCheckError as error:
+        raise ModelCheckError(f"--loss {error}") from error
+    return loss
+
+
+def load_function(
+    target: str, path: str = "", form: str = FACTORY_FORM
+) -> tuple[Callable[..., Any], ModuleType]:
+    """The function ``MODULE:NAME`` names (importable from ``path``, the folder ``check``
+    ran in, too) and its module. The module is first imported in a forked child
+    (``import_probe``), so one that exits, crashes or hangs as it is imported is one line;
+    torch settings it changes as it is imported are put back."""
+    module_name, attribute = split_target(target, form)
     folder = path or str(Path.cwd())
     if folder not in sys.path:
         sys.path.insert(0, folder)
@@ -232,10 +362,10 @@ def load_target(target: str, path: str = "") -> tuple[Factory, str]:
         if fatal is not None:
             raise ModelCheckError(f"{target}: {module_name} {fatal.how}")
     module = import_target_module(target, module_name)
-    factory = getattr(module, attribute, None)
-    if not callable(factory):
+    function = getattr(module, attribute, None)
+    if not callable(function):
         raise ModelCheckError(f"{target}: {module_name} has no function {attribute!r}")
-    return factory, factory_file(factory, module)
+    return function, module
 
 
 def import_target_module(target: str, module_name: str) -> ModuleType:
@@ -269,9 +399,10 @@ def factory_file(factory: Factory, module: ModuleType) -> str:
     return str(Path(own).resolve()) if own else module.__name__
 
 
-def target_case(target: str, name: str, matrix: Matrix, path: str = "") -> Case:
-    """The case of ``MODULE:FACTORY`` named ``name`` (registered once per process); a case
-    of that name registered for anything else is a ``ModelCheckError``."""
+def target_case(target: str, name: str, matrix: Matrix, path: str = "", loss: str = "") -> Case:
+    """The case of ``MODULE:FACTORY`` named ``name`` (registered once per process), trained
+    on the loss ``MODULE:FUNC`` where ``loss`` names one; a case of that name registered
+    for anything else is a ``ModelCheckError``."""
     found = registry.find(name)
     if found is not None:
         if getattr(found, "target", None) != target:
@@ -280,8 +411,9 @@ def target_case(target: str, name: str, matrix: Matrix, path: str = "") -> Case:
                 f"({getattr(found, 'target', None) or found.source_file})"
             )
         return found
+    function = load_loss(loss, path) if loss else None
     factory, source = load_target(target, path)
-    return model_case(name, factory, matrix, source, target)
+    return model_case(name, factory, matrix, source, target, function, loss)
 
 
 def matrix_of(selection: Selection, keep_fp32: tuple[str, ...]) -> Matrix:
@@ -308,15 +440,52 @@ def keep_for(target: str, keep_fp32: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(kept)
 
 
+def loss_for(target: str, losses: Sequence[str]) -> str:
+    """The ``--loss`` that applies to ``target`` (empty: none): ``FACTORY=MODULE:FUNC``
+    for that factory's model, else a plain ``MODULE:FUNC``, which applies to every
+    target; two that apply alike are a ``ModelCheckError``."""
+    factory = split_target(target)[1]
+    own = [spec for owner, spec in map(loss_owner, losses) if owner == factory]
+    every = [spec for owner, spec in map(loss_owner, losses) if not owner]
+    chosen = own or every
+    if len(set(chosen)) > 1:
+        raise ModelCheckError(f"{target}: two losses, --loss {' and --loss '.join(chosen)}")
+    return chosen[0] if chosen else ""
+
+
+def loss_owner(entry: str) -> tuple[str, str]:
+    """``FACTORY=MODULE:FUNC`` as its factory and its loss; ``MODULE:FUNC`` has no factory."""
+    owner, equals, spec = entry.partition("=")
+    return (owner, spec) if equals else ("", entry)
+
+
+def check_loss_entries(targets: Sequence[str], losses: Sequence[str]) -> None:
+    """A ``--loss`` that names no loss, or a ``FACTORY=MODULE:FUNC`` whose factory no
+    target names, is a ``ModelCheckError`` (either would train on the default loss
+    unseen)."""
+    factories = {split_target(target)[1] for target in targets}
+    for entry in losses:
+        owner, spec = loss_owner(entry)
+        if not spec:
+            raise ModelCheckError(f"--loss {entry!r}: expected {LOSS_FORM}")
+        if owner and owner not in factories:
+            raise ModelCheckError(
+                f"--loss {entry}: no target's factory is named {owner!r} "
+                f"(targets: {', '.join(targets)})"
+            )
+
+
 def registered_models(config: RunConfig) -> list[Case]:
     """The cases of the models a ``check`` run names (registered in every process of the
     run: the runner and each pytest worker)."""
+    check_loss_entries(config.models, config.losses)
     return [
         target_case(
             target,
             name,
             matrix_of(config.selection, keep_for(target, config.keep_fp32)),
             config.models_path,
+            loss_for(target, config.losses),
         )
         for target, name in target_names(config.models).items()
     ]

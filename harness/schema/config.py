@@ -76,10 +76,12 @@ class RunConfig:
     #: Optimizer steps of each ``fit`` cell (``--fit-steps``).
     fit_steps: int = DEFAULT_FIT_STEPS
     #: Models checked by ``check`` (``MODULE:FACTORY``), the folder their modules are
-    #: imported from, and the names they keep in float32 (``--keep-fp32``).
+    #: imported from, the names they keep in float32 (``--keep-fp32``) and the loss their
+    #: training steps take (``--loss``: ``MODULE:FUNC`` or ``FACTORY=MODULE:FUNC``).
     models: tuple[str, ...] = ()
     models_path: str = ""
     keep_fp32: tuple[str, ...] = ()
+    losses: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -96,6 +98,7 @@ class RunConfig:
             "models": list(self.models),
             "models_path": self.models_path,
             "keep_fp32": list(self.keep_fp32),
+            "losses": list(self.losses),
         }
 
     @classmethod
@@ -122,6 +125,7 @@ class RunConfig:
             models=strings(data.get("models"), "models"),
             models_path=data.get("models_path") or "",
             keep_fp32=strings(data.get("keep_fp32"), "keep_fp32"),
+            losses=strings(data.get("losses"), "losses"),
         )
         for part in (config.limits, config.timing):
             if part is not None:
