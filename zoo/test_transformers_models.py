@@ -8,6 +8,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, T5Config, T5EncoderModel
 
 from harness import RunContext, check_model
+from zoo import STAGES
 
 SEED_TOKENS = (2, 12)
 
@@ -35,7 +36,7 @@ def last_hidden_state(model: Any, inputs: dict[str, Any]) -> torch.Tensor:
     return model(**inputs).last_hidden_state
 
 
-@check_model(modes=("autocast", "half"), keep_fp32=t5_keep_fp32())
+@check_model(stages=STAGES, modes=("autocast", "half"), keep_fp32=t5_keep_fp32())
 def test_t5_encoder_keeps_wo_in_fp32() -> tuple[Any, ...]:
     """T5's encoder with ``wo`` kept float32, as transformers loads it in half precision."""
     config = t5_config()
@@ -60,7 +61,7 @@ def logits(model: Any, inputs: dict[str, Any]) -> torch.Tensor:
     return model(**inputs, use_cache=False).logits
 
 
-@check_model(modes=("autocast", "half"), backends=("sdpa", "eager"))
+@check_model(stages=STAGES, modes=("autocast", "half"), backends=("sdpa", "eager"))
 def test_llama_decoder(ctx: RunContext) -> tuple[Any, ...]:
     """A Llama-style decoder (GQA, RoPE, RMSNorm) with SDPA or eager attention."""
     config = llama_config(ctx.backend)

@@ -9,6 +9,7 @@ from diffusers import UNet2DConditionModel
 from transformers import ViTConfig, ViTForImageClassification
 
 from harness import RunContext, check_model
+from zoo import STAGES
 
 
 def unet() -> UNet2DConditionModel:
@@ -24,7 +25,7 @@ def denoised(model: Any, inputs: dict[str, Any]) -> torch.Tensor:
     return model(**inputs).sample
 
 
-@check_model(modes=("autocast", "half"), keep_fp32=("timestep",))
+@check_model(stages=STAGES, modes=("autocast", "half"), keep_fp32=("timestep",))
 def test_unet_with_timestep_embedding() -> tuple[Any, ...]:
     """A Stable-Diffusion-style UNet: cross-attention blocks, sinusoidal timestep
     embedding (computed in float32 upstream; the timestep input stays float32, as a
@@ -41,7 +42,7 @@ def class_logits(model: Any, inputs: dict[str, Any]) -> torch.Tensor:
     return model(**inputs).logits
 
 
-@check_model(modes=("autocast", "half"), backends=("sdpa", "eager"))
+@check_model(stages=STAGES, modes=("autocast", "half"), backends=("sdpa", "eager"))
 def test_vit(ctx: RunContext) -> tuple[Any, ...]:
     """A ViT classifier (patch embedding, pre-norm encoder, CLS head) with SDPA or eager
     attention."""
