@@ -86,15 +86,18 @@ def trainable_parameters(model: Any) -> dict[str, torch.Tensor]:
 
 def default_loss(output: Any) -> torch.Tensor:
     """The mean squared error of each floating output leaf against a fixed random target
-    of its shape (drawn in float64 on the CPU from ``TARGET_SEED``, then cast to the leaf's
-    dtype and device), summed over the leaves."""
+    of its shape (drawn in float64 on the CPU from ``TARGET_SEED``), summed over the
+    leaves; computed in float32 (float64 in the reference), as training scripts compute a
+    loss on half outputs (``F.mse_loss(pred.float(), target.float())``), and as torch
+    before 2.5 must on a CPU, which has no half-precision ``mse_loss`` there."""
     generator = torch.Generator().manual_seed(TARGET_SEED)
     total: torch.Tensor | None = None
     for leaf in output_leaves(output).values():
         if not leaf.is_floating_point():
             continue
         target = torch.randn(leaf.shape, generator=generator, dtype=torch.float64)
-        term = F.mse_loss(leaf, target.to(device=leaf.device, dtype=leaf.dtype))
+        wide = torch.promote_types(leaf.dtype, torch.float32)
+        term = F.mse_loss(leaf.to(wide), target.to(device=leaf.device, dtype=wide))
         total = term if total is None else total + term
     if total is None:
         raise TrainingError("the output has no floating tensor to take a loss of")
