@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.measure.model_case import Matrix
 from harness.results import storage
+from harness.schema.axes import STAGES
 from harness.schema.records import CellRecord, CrashKind, Outcome
 from tests.conftest import FIXTURES, PLUGIN_ARGS, ROOT, only_run_dir
 
@@ -54,6 +56,21 @@ def test_a_named_loss_trains_every_cell_and_wins_over_the_models_own(tmp_path: P
         assert len(records) == 2, model  # bfloat16 in autocast and in half
         assert {r.outcome for r in records} == {Outcome.PASSES}, (model, records[0])
     # row_loss's own loss is not a scalar: the cells pass because the named loss is taken
+
+
+def test_stage_all_checks_every_stage_of_a_model(tmp_path: Path) -> None:
+    result = check(
+        tmp_path, "models:mlp", "--stage", "all", "--mode", "half", "--loss", "losses:mean_square"
+    )
+    assert result.returncode == 0, result.stderr
+    records = storage.read_records(only_run_dir(tmp_path / "results"))
+    assert sorted(r.cell.stage for r in records) == ["fit", "forward", "train"]
+    assert {r.outcome for r in records} == {Outcome.PASSES}
+
+
+def test_all_in_check_model_is_every_stage() -> None:
+    assert Matrix(stages=("all",))["stages"] == STAGES
+    assert Matrix(stages=("train",))["stages"] == ("train",)
 
 
 @pytest.mark.parametrize(

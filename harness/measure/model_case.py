@@ -49,6 +49,7 @@ from harness.schema.axes import (
     FORWARD_STAGE,
     MODEL_AXES,
     TRAIN_STAGE,
+    Axis,
 )
 from harness.schema.config import RunConfig
 from harness.schema.selection import Selection
@@ -80,14 +81,15 @@ class Matrix:
     __slots__ = ("_values", "keep_fp32")
 
     def __init__(self, keep_fp32: tuple[str, ...] = (), **axes: tuple[str, ...]) -> None:
-        known = {axis.plural: axis.model_default or () for axis in MODEL_AXES}
+        known = {axis.plural: axis for axis in MODEL_AXES}
         unknown = sorted(set(axes) - set(known))
         if unknown:
             raise TypeError(
                 f"no model axis {', '.join(unknown)} (axes: {', '.join(known)}, keep_fp32)"
             )
         self._values = {
-            plural: tuple(axes.get(plural, default)) for plural, default in known.items()
+            plural: every_value(axis, axes.get(plural, axis.model_default or ()))
+            for plural, axis in known.items()
         }
         #: Modules or parameters (dotted names) that stay float32 when the model is cast,
         #: as transformers' ``_keep_in_fp32_modules`` keeps them.
@@ -289,7 +291,7 @@ def model_case(
 def check_loss_stages(stages: Sequence[str], name: str) -> None:
     """A named loss with no stage that takes a loss is a ``ModelCheckError``: the user
     would read the verdicts as the loss's, and none of them used it."""
-    if not set(stages) & {*LOSS_STAGES, "all"}:
+    if not set(stages) & set(LOSS_STAGES):
         raise ModelCheckError(
             f"the loss {name} is taken by a training step, and no stage trains: "
             f"ask for the stage {' or '.join(LOSS_STAGES)} too"
@@ -426,6 +428,14 @@ def matrix_of(selection: Selection, keep_fp32: tuple[str, ...]) -> Matrix:
     }
     given = {plural: values for plural, values in asked.items() if values}
     return Matrix(keep_fp32, **{**given, "devices": DEVICE_KINDS})
+
+
+def every_value(axis: Axis, values: Sequence[str]) -> tuple[str, ...]:
+    """``values`` asked of ``axis``, where ``all`` (a request) is every value of its
+    vocabulary (``--stage all``, ``stages=("all",)``: forward, train and fit)."""
+    if axis.vocabulary and any(value in axis.requests for value in values):
+        return axis.vocabulary
+    return tuple(values)
 
 
 def keep_for(target: str, keep_fp32: tuple[str, ...]) -> tuple[str, ...]:
