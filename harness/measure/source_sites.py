@@ -5,6 +5,7 @@ dotted path of the module running, and the call a Python-level check raised from
 from __future__ import annotations
 
 import ast
+import importlib.util
 import linecache
 import sysconfig
 from collections.abc import Iterator
@@ -30,15 +31,32 @@ STDLIB_DIRS = tuple(
 )
 
 
+def package_dirs(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The folders of the installed packages ``names`` (found, not imported)."""
+    found = []
+    for name in names:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            found += [str(Path(d).resolve()) for d in spec.submodule_search_locations]
+    return tuple(found)
+
+
+#: The test runner's packages, whose frames call the harness (and so the model) in a run's
+#: workers and the plugin's tests: never the model's code, though they live in
+#: site-packages beside the models' libraries.
+RUNNER_DIRS = package_dirs(("_pytest", "pluggy", "xdist", "execnet"))
+
+
 def is_library_file(filename: str) -> bool:
-    """Frames of torch, of the harness and of the standard library are not the model's code."""
+    """Frames of torch, of the harness, of the test runner and of the standard library are
+    not the model's code."""
     try:
         path = str(Path(filename).resolve())
     except (OSError, ValueError):
         return True
     if path.startswith(STDLIB_DIRS) and "site-packages" not in path:
         return True
-    return path.startswith((TORCH_DIR, str(HARNESS_DIR))) or filename.startswith("<")
+    return path.startswith((TORCH_DIR, str(HARNESS_DIR), *RUNNER_DIRS)) or filename.startswith("<")
 
 
 def shown_path(filename: str | Path) -> str:
