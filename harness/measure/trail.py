@@ -15,9 +15,12 @@ A TorchDispatchMode runs below autocast, and calls each op with autocast switche
 ops that dispatch internally (``nn.TransformerEncoder``'s fast path) would then compute
 differently under the tracer than without it. The tracer therefore follows the autocast
 state that Python code set (a profile hook watches torch's autocast switches) and switches
-autocast back on around each op it dispatches; an op already handled by autocast is not
-changed by that (its inputs are in their autocast dtype), so the traced run computes exactly
-what the untraced run computes.
+autocast back on around those fused ops (``kernels.FUSED_LAYER_OPS``), so the traced run
+computes exactly what the untraced run computes. Around no other op: an op autocast ran
+with autocast off (the ops of a composite autocast handled, SDPA's math fallback among
+them) would be cast below autograd, which recorded it with its uncast inputs, and its
+backward would meet dtypes its forward never had (T5's attention under the tracer raised
+in backward, untraced it trained).
 """
 
 from __future__ import annotations
@@ -196,7 +199,7 @@ class DtypeTracer(LazyDynamoMode):
 
     def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         inputs = floating_tensors(args) + (floating_tensors(kwargs) if kwargs else [])
-        switched = self.autocast_switched_on()
+        switched = self.autocast_switched_on() if is_fused_layer(func) else []
         try:
             out = func(*args, **kwargs)
         except Exception as error:
