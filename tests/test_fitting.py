@@ -1,0 +1,200 @@
+"""The ``fit`` stage (``harness.measure.fitting``): updates lost to the weights' rounding,
+the GradScaler's skipped steps, the verdict on a fit's figures, the figures' round trip
+through a record, and ``check --stage fit`` end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from cases.bf16_pure_weights import MasterWeightsAdamW
+from harness.measure import fitting
+from harness.measure.fitting import (
+    LOST_LIMIT,
+    SHORTFALL_LIMIT,
+    FitRun,
+    fit,
+    fit_figures,
+    shortfall,
+    stall_reason,
+)
+from harness.measure.precision import Precision
+from harness.results import storage
+from harness.schema.axes import Cell
+from harness.schema.records import CellRecord, FitFigures, Outcome
+from tests.conftest import FIXTURES, only_run_dir
+
+CPU = torch.device("cpu")
+
+
+def block(dtype: torch.dtype) -> tuple[nn.Module, torch.Tensor]:
+    """A Linear and a LayerNorm, 32 wide, and a batch of inputs, in ``dtype``: the weights
+    of about 0.1 whose bfloat16 ulp (2**-11 and up) is above twice an update of 1e-4, and
+    the LayerNorm's unit weights (ulp 2**-7)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 32), nn.LayerNorm(32), nn.Linear(32, 32))
+    return model.to(dtype), torch.randn(16, 32).to(dtype)
+
+
+def fitted(
+    dtype: torch.dtype,
+    mode: str,
+    lr: float,
+    make_optimizer: Callable[[list[torch.Tensor], float], torch.optim.Optimizer] | None = None,
+    steps: int = 8,
+) -> FitRun:
+    model, x = block(dtype if mode != "autocast" else torch.float32)
+    target = torch.randn(16, 32, generator=torch.Generator().manual_seed(1))
+    return fit(
+        lambda: model(x),
+        lambda out: (out.float() - target).pow(2).mean(),
+        model,
+        Precision(CPU, dtype, mode),
+        lr=lr,
+        make_optimizer=make_optimizer,
+        steps=steps,
+    )
+
+
+def test_pure_bfloat16_at_a_small_rate_loses_its_updates_where_master_weights_keep_them() -> None:
+    reference = fitted(torch.float64, "half", 1e-4).losses
+    pure = fit_figures(fitted(torch.bfloat16, "half", 1e-4), reference)
+    master = fit_figures(fitted(torch.bfloat16, "half", 1e-4, MasterWeightsAdamW), reference)
+    assert pure.lost_share > 0.7  # AdamW's steps of ~1e-4 are below half an ulp
+    reason = stall_reason(pure)
+    assert reason is not None and "stalls" in reason
+    assert master.lost_share < 0.05  # the float32 masters receive them
+    assert stall_reason(master) is None
+    assert len(pure.losses) == len(master.losses) == 9
+
+
+def test_a_grad_scaler_skips_the_steps_whose_gradients_overflow_and_lowers_its_scale() -> None:
+    """The squared output summed: its gradients, scaled by the GradScaler's first scales
+    (2**16, 2**15), overflow float16 in the backward; at 2**14 they fit."""
+    torch.manual_seed(0)
+    model = nn.Linear(8, 8)
+    x = torch.randn(4, 8) * 0.5
+    run = fit(
+        lambda: model(x),
+        lambda out: out.float().pow(2).sum(),
+        model,
+        Precision(CPU, torch.float16, "autocast"),
+        lr=1e-3,
+        steps=5,
+    )
+    assert (run.skipped_steps, run.final_scale) == (2, 2.0**14)
+    assert run.note is not None and "skipped 2 of 5 step(s)" in run.note.text
+    assert run.losses[0] == run.losses[2] > run.losses[-1]  # no step taken, then three
+    assert all(math.isfinite(v) for v in run.losses)
+
+
+def figures(**changed: Any) -> FitFigures:
+    """A healthy fit's figures: the float64 fit goes from 1.0 to 0.5, the cell's to 0.52."""
+    values: dict[str, Any] = dict(
+        losses=(1.0, 0.75, 0.52),
+        reference_losses=(1.0, 0.75, 0.5),
+        skipped_steps=0,
+        final_scale=None,
+        lost_share=0.01,
+        shortfall=shortfall(0.52, (1.0, 0.75, 0.5)),
+    )
+    return FitFigures(**(values | changed))
+
+
+def test_shortfall_is_the_share_of_the_float64_fits_progress_missed() -> None:
+    assert shortfall(0.52, (1.0, 0.5)) == pytest.approx(0.04)
+    assert shortfall(0.4, (1.0, 0.5)) == 0.0  # beyond the float64 fit: no shortfall
+    assert shortfall(1.0, (1.0, 0.5)) == 1.0
+    assert shortfall(float("nan"), (1.0, 0.5)) == math.inf
+    assert shortfall(0.9, (1.0, 1.0)) is None  # no progress to judge by
+
+
+def test_stall_reason_names_what_stalled() -> None:
+    assert stall_reason(figures()) is None
+    not_finite = stall_reason(figures(losses=(1.0, float("nan"), float("nan"))))
+    assert not_finite == "the fit's loss is not finite from step 1"
+    skipped = stall_reason(figures(skipped_steps=2, final_scale=16384.0))
+    assert skipped is not None and "skipped every step" in skipped and "16384" in skipped
+    assert stall_reason(figures(skipped_steps=1, final_scale=32768.0)) is None
+    short = figures(losses=(1.0, 0.9, 0.8), shortfall=shortfall(0.8, (1.0, 0.75, 0.5)))
+    assert short.shortfall is not None and short.shortfall > SHORTFALL_LIMIT
+    short_reason = stall_reason(short)
+    assert short_reason is not None and "60% short" in short_reason
+    lost = stall_reason(figures(lost_share=LOST_LIMIT + 0.1))
+    assert lost is not None and f"{LOST_LIMIT + 0.1:.0%} of the updates" in lost
+
+
+def test_fit_figures_round_trip_through_a_record_a_nan_loss_included() -> None:
+    nan = float("nan")
+    kept = figures(losses=(1.0, nan, nan), shortfall=math.inf, skipped_steps=1,
+                   final_scale=32768.0)  # fmt: skip
+    cell = Cell("toy", "none", "cpu", "float16", "autocast", "eager", stage="fit")
+    record = CellRecord(cell, torch.__version__, Outcome.INACCURATE, fit=kept)
+    line = json.dumps(record.to_dict())
+    back = CellRecord.from_dict(json.loads(line)).fit
+    assert back is not None
+    assert back.losses[0] == 1.0 and all(math.isnan(v) for v in back.losses[1:])
+    assert (back.reference_losses, back.skipped_steps, back.final_scale) == (
+        kept.reference_losses, 1, 32768.0,
+    )  # fmt: skip
+    assert (back.lost_share, back.shortfall, back.steps) == (0.01, math.inf, 2)
+    # JSON written by another tool says null for a loss that is not finite
+    data = record.to_dict()
+    data["fit"]["losses"] = [1.0, None, None]
+    nulls = CellRecord.from_dict(data).fit
+    assert nulls is not None and math.isnan(nulls.losses[1])
+
+
+def check(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m harness check fit_model:build`` from the fixtures folder, as a user runs
+    it on a module of theirs: float16 on the CPU, under autocast, no timing."""
+    return subprocess.run(
+        [sys.executable, "-m", "harness", "check", "fit_model:build", "--stage", "fit",
+         "--device", "cpu", "--dtype", "float16", "--mode", "autocast", "--no-timing",
+         "-n", "0", "--out", str(out), *args],
+        cwd=FIXTURES, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_check_stage_fit_records_each_cells_fit(tmp_path: Path) -> None:
+    result = check(tmp_path, "--fit-steps", "3")
+    assert result.returncode == 0, result.stderr
+    records = storage.read_records(only_run_dir(tmp_path))
+    fits = [r for r in records if r.cell.stage == "fit"]
+    assert [r.cell.mode for r in fits] == ["autocast"]
+    for record in fits:
+        assert record.outcome is Outcome.PASSES, record
+        assert record.fit is not None and len(record.fit.losses) == 4
+        assert len(record.fit.reference_losses) == 4
+    scaled = next(r for r in fits if r.cell.mode == "autocast")
+    assert scaled.fit is not None and scaled.fit.final_scale is not None
+
+
+def test_check_refuses_zero_fit_steps_in_one_line(tmp_path: Path) -> None:
+    result = check(tmp_path, "--fit-steps", "0")
+    assert result.returncode == 2, result.stderr
+    *usage, error = result.stderr.strip().splitlines()  # argparse's usage, then one line
+    assert error == (
+        "ampmatrix check: error: argument --fit-steps: '0' is not a whole number of steps "
+        "from 1 to 10000"
+    )
+    assert usage[0].startswith("usage: ampmatrix check") and "Traceback" not in result.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_fit_steps_setting_is_the_processs() -> None:
+    before = fitting.fit_steps()
+    try:
+        fitting.use_steps(3)
+        assert fitting.fit_steps() == 3
+    finally:
+        fitting.use_steps(before)
