@@ -49,14 +49,13 @@ TARGET_SEED = 1234
 
 
 def mixed_flag(ctx: RunContext) -> Precision:
-    """``bf16-mixed`` in every bfloat16 cell (the baseline runs the trusted fix in mode
-    ``half``, which for this fix still means mixed precision), ``64-true`` for the
-    reference, ``32-true`` for the control."""
-    return (
-        precision_flag(ctx, true_precision=False)
-        if ctx.mode == "fp32" or ctx.is_reference
-        else "bf16-mixed"
-    )
+    """``bf16-mixed`` in every bfloat16 cell, whatever its mode (the baseline runs the
+    trusted fix in mode ``half``, which for this fix still means mixed precision);
+    ``64-true`` for the reference, ``32-true`` in float32 (the control, and the float32
+    baseline)."""
+    if ctx.is_reference or ctx.mode == "fp32" or ctx.dtype == torch.float32:
+        return precision_flag(ctx, true_precision=False)
+    return "bf16-mixed"
 
 
 def fit_module(encoder: nn.TransformerEncoder) -> Any:
