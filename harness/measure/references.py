@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,8 +36,8 @@ from harness.measure.rounding import (
     noise_source,
     round_inputs,
     round_model,
-    rounding_outputs,
     rounds_activations,
+    stored_rounding,
 )
 from harness.schema.axes import CONTROL_DTYPE, CONTROL_MODE, FIT_STAGE, FORWARD_STAGE, Cell
 
@@ -222,10 +221,7 @@ def compute_rounding(
     try:
         workload = rounded_workload(case, ctx, dtype, keep)
         model_keep = split_kept(keep, workload.inputs)[0]
-        stored: AbstractContextManager[None] = (
-            rounding_outputs(workload.model, dtype, model_keep) if activations else nullcontext()
-        )
-        with stored:
+        with stored_rounding(workload.model, dtype, model_keep, activations, stage):
             run = run_fix_checked(case, case.reference_fix, ctx, trace=False, workload=workload)
     except WorkloadFailed as failure:
         run = FixRun(error=failure.error)

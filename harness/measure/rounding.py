@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -36,7 +36,8 @@ from torch.utils import _pytree as pytree
 from torch.utils.hooks import RemovableHandle
 
 from harness.measure.precision import TORCH_DTYPES, is_kept, map_tensors
-from harness.schema.axes import MODES
+from harness.measure.training import INIT_SCALE
+from harness.schema.axes import MODES, TRAIN_STAGE
 
 #: The dtypes whose rounding is simulated, and their unit roundoff (half an ulp at 1).
 SIMULATED_ROUNDOFF = {"float32": 2.0**-24, "tf32": 2.0**-11}
@@ -96,15 +97,51 @@ def rounds_activations(mode: str) -> bool:
     return MODES[mode].casts_model or not MODES[mode].autocast
 
 
+def stored_rounding(
+    model: Any, dtype: str, keep: tuple[str, ...], activations: bool, stage: str
+) -> AbstractContextManager[None]:
+    """What the yardstick's run rounds beyond its data: with ``activations`` what every
+    module returns, and in backward the gradient each of them receives
+    (:func:`rounding_outputs`); without (``autocast``), in a training step, that gradient
+    only, as the recipe holds it: float16's scaled by the GradScaler's initial scale (so
+    the yardstick loses to float16's range what the recipe's scaled step loses, not what
+    an unscaled one would); else nothing."""
+    if activations:
+        return rounding_outputs(model, dtype, keep)
+    if stage == TRAIN_STAGE:
+        scale = INIT_SCALE if dtype == "float16" else 1.0
+        return rounding_outputs(model, dtype, keep, values=False, gradient_scale=scale)
+    return nullcontext()
+
+
 @contextmanager
-def rounding_outputs(model: Any, dtype: str, keep: tuple[str, ...]) -> Iterator[None]:
+def rounding_outputs(
+    model: Any,
+    dtype: str,
+    keep: tuple[str, ...],
+    values: bool = True,
+    gradient_scale: float = 1.0,
+) -> Iterator[None]:
     """While it lasts, a forward hook on every module of ``model`` (or of the modules in
     it) that rounds the floating tensors the module returns to what ``dtype`` stores (see
-    ``STORED_AS``); a module that ``keep`` names, one inside it and one that holds it left
-    without, and a scripted one (it takes no hooks; its parent's output is rounded). The
-    hooks are removed after: a module may be shared beyond this model (diffusers 0.31 hands
-    every model one ``nn.SiLU``), and nothing else must be rounded."""
-    hook = StoredRounding(STORED_AS.get(dtype, dtype), noise_source(STORED_NOISE_SEED))
+    ``STORED_AS``), and in backward the gradient that reaches them (a model in the dtype
+    holds both in it); a module that ``keep`` names, one inside it and one that holds it
+    left without, and a scripted one (it takes no hooks; its parent's output is rounded).
+    With ``values`` False (a training step under autocast: its float32 weights keep the
+    forward's values as autocast's ops leave them) only the gradients are rounded: the
+    backward of every op autocast ran in the dtype gives its input the dtype's gradient,
+    so what reaches a module's output has been through such ops but for the float32
+    residual stream's share; each gradient is rounded as it is held scaled by
+    ``gradient_scale`` (a power of two: only the range moves). The hooks are removed
+    after: a module may be shared beyond this model (diffusers 0.31 hands every model one
+    ``nn.SiLU``), and nothing else must be rounded."""
+    stored_as = STORED_AS.get(dtype, dtype)
+    noise = noise_source(STORED_NOISE_SEED)
+    hook = (
+        StoredRounding(stored_as, noise)
+        if values
+        else GradientRounding(stored_as, noise, gradient_scale)
+    )
     handles: list[RemovableHandle] = []
 
     def hooked(module: nn.Module) -> nn.Module:
@@ -148,9 +185,61 @@ class StoredRounding:
     def once(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.rounded.get(id(tensor)) is tensor:
             return tensor
-        result = round_stored(tensor, self.dtype, self.noise)
+        result = StoredValue.apply(tensor, self.dtype, self.noise)
         self.rounded[id(result)] = result
         return result
+
+
+class GradientRounding:
+    """A forward hook that leaves what a module returns as it is and rounds, in
+    backward, the gradient each floating tensor of it receives to ``dtype``, as it is held
+    multiplied by ``scale``."""
+
+    def __init__(self, dtype: str, noise: torch.Generator, scale: float = 1.0) -> None:
+        self.dtype = dtype
+        self.noise = noise
+        self.scale = scale
+
+    def __call__(self, module: nn.Module, args: Any, output: Any) -> Any:
+        return pytree.tree_map_only(torch.Tensor, self.rounding_gradient, output)
+
+    def rounding_gradient(self, tensor: torch.Tensor) -> torch.Tensor:
+        if not (tensor.is_floating_point() and tensor.requires_grad):
+            return tensor
+        return StoredGradient.apply(tensor, self.dtype, self.noise, self.scale)
+
+
+class StoredValue(torch.autograd.Function):
+    """A value as ``dtype`` stores it (:func:`round_stored`), and in backward its gradient
+    as ``dtype`` stores it too: rounded, for a half dtype as ``.to(half)`` would; for a
+    simulated rounding moved by noise of its own (not the value's, which a product with the
+    noise would replay)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, dtype: str, noise: torch.Generator) -> Any:
+        ctx.dtype, ctx.noise = dtype, noise
+        return round_stored(tensor, dtype, noise)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        return round_stored(grad, ctx.dtype, ctx.noise), None, None
+
+
+class StoredGradient(torch.autograd.Function):
+    """A value as it is, and in backward its gradient as ``dtype`` stores it multiplied by
+    ``scale`` (a loss scale: a power of two, so the products are exact)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, tensor: torch.Tensor, dtype: str, noise: torch.Generator, scale: float
+    ) -> Any:
+        ctx.dtype, ctx.noise, ctx.scale = dtype, noise, scale
+        return tensor.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        held = round_stored(grad * ctx.scale, ctx.dtype, ctx.noise) / ctx.scale
+        return held, None, None, None
 
 
 def round_stored(tensor: torch.Tensor, dtype: str, noise: torch.Generator) -> torch.Tensor:
