@@ -1,0 +1,133 @@
+"""Gradients are judged as outputs are (README, "The training stage" and the calibration):
+the rounding yardstick of a train cell is the float64 step of the rounded model, whose
+backward rounds the gradient each module receives as a model in the dtype stores it, so a
+healthy model 48 layers deep passes in train, while a gradient summed in half precision
+still fails."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from harness.measure import execute
+from harness.measure.model_case import Matrix, model_case
+from harness.measure.numerics import ROUNDING_FACTOR, rounding_ratio
+from harness.measure.rounding import rounding_outputs, stored_rounding
+from harness.runner.matrix import expand
+from harness.schema.axes import TRAIN_STAGE
+from harness.schema.records import CellRecord, outcome_label
+from zoo.training_bugs import PAIRS
+
+WIDTH = 16
+LAYERS = 48
+
+
+def train_cell(name: str, factory: Callable[..., Any], dtype: str, mode: str) -> CellRecord:
+    """The one train cell of a model in ``dtype`` and ``mode``, run in this process as a
+    ``check`` worker runs it."""
+    matrix = Matrix(dtypes=(dtype,), modes=(mode,), stages=(TRAIN_STAGE,))
+    case = model_case(name, factory, matrix, __file__)
+    (cell,) = [c for c in expand([case]).to_run if c.stage == TRAIN_STAGE and c.mode == mode]
+    return execute.run_cell(cell)
+
+
+def post_layernorm_encoder() -> tuple[Any, ...]:
+    """BERT's shape in plain torch, 48 layers deep: a LayerNorm after each residual add,
+    GELU, weights drawn with BERT's standard deviation of 0.02 and zero biases."""
+    layer = nn.TransformerEncoderLayer(
+        WIDTH, 2, 4 * WIDTH, dropout=0.0, activation="gelu", norm_first=False
+    )
+    model = nn.TransformerEncoder(layer, LAYERS, enable_nested_tensor=False).eval()
+    for name, parameter in model.named_parameters():
+        if parameter.dim() > 1:
+            nn.init.normal_(parameter, std=0.02)
+        elif "norm" not in name:
+            nn.init.zeros_(parameter)
+    return model, {"src": torch.randn(8, 2, WIDTH)}
+
+
+@pytest.mark.parametrize(("dtype", "mode"), [("float16", "half"), ("bfloat16", "autocast")])
+def test_a_healthy_post_layernorm_encoder_48_layers_deep_passes_in_train(
+    clean_registry: None, dtype: str, mode: str
+) -> None:
+    """Each gradient within the factor of its own rounding yardstick. Under autocast the
+    yardstick's backward rounds the gradients too: with the weights and inputs alone an
+    attention's output bias cost 15.6 times it in bfloat16 (passing only by eps)."""
+    record = train_cell("post-ln-48l-train", post_layernorm_encoder, dtype, mode)
+    assert outcome_label(record) == "passes"
+    assert record.leaves is not None and len(record.leaves) == 1 + 12 * LAYERS
+    grads = [n for name, n in record.leaves.items() if name.startswith("grad.")]
+    assert all(n.decided_by == f"rounding to {dtype}" for n in grads)
+    assert max(rounding_ratio(n) or 0 for n in grads) < ROUNDING_FACTOR
+
+
+def test_a_weight_gradient_accumulated_in_a_half_buffer_fails_in_train(
+    clean_registry: None,
+) -> None:
+    record = train_cell("grad-buffer-in-half", PAIRS["grad-buffer-in-half"].bug, "float16", "half")
+    assert outcome_label(record) == "inaccurate"
+    assert record.numerics is not None and record.numerics.leaf == "grad.out_weight"
+    assert (rounding_ratio(record.numerics) or 0) > ROUNDING_FACTOR
+
+
+def is_float16(tensor: torch.Tensor) -> bool:
+    return torch.equal(tensor, tensor.half().double())
+
+
+def test_the_gradient_a_module_receives_is_rounded_as_its_output_is() -> None:
+    """A model in float16 holds its activations' gradients in float16 too: the yardstick's
+    hook rounds both, and under autocast (``values=False``) the gradient only."""
+    x = torch.randn(4, 8, dtype=torch.float64, requires_grad=True)
+    upstream = torch.randn(4, 8, dtype=torch.float64)
+    for values in (True, False):
+        model = nn.Linear(8, 8).double()
+        exact = model(x)
+        with rounding_outputs(model, "float16", (), values=values):
+            out = model(x)
+        out.backward(upstream)
+        assert model.bias.grad is not None
+        assert is_float16(out.detach()) is values
+        assert torch.equal(model.bias.grad, upstream.half().double().sum(0))
+        assert not values or not torch.equal(out, exact)
+
+
+def test_a_simulated_rounding_moves_the_gradient_by_noise_of_its_own() -> None:
+    """float32 data are rounded by noise: the gradient gets its own, not the value's."""
+    model = nn.Linear(64, 64).double()
+    x = torch.randn(4, 64, dtype=torch.float64)
+    exact = model(x)
+    with rounding_outputs(model, "float32", ()):
+        out = model(x)
+    out.backward(torch.ones_like(out))
+    assert model.bias.grad is not None
+    value_noise = out.detach() / exact.detach() - 1
+    grad_noise = model.bias.grad / 4 - 1
+    assert 0 < grad_noise.abs().max() <= 4 * 2.0**-24
+    assert not torch.allclose(grad_noise, value_noise.mean(0), rtol=0, atol=2.0**-30)
+
+
+def test_under_autocast_a_float16_gradient_is_rounded_as_the_scaled_recipe_holds_it() -> None:
+    """float16 autocast trains with a GradScaler: a gradient of 1e-7, below float16's
+    smallest normal number, is held scaled (2**16 times larger) and keeps its precision in
+    the yardstick, so an unscaled step that loses it is not excused; unscaled, it would
+    lose it."""
+    model = nn.Linear(8, 8).double()
+    x = torch.randn(4, 8, dtype=torch.float64)
+    upstream = torch.full((4, 8), 1e-7, dtype=torch.float64)
+
+    def bias_grad_error(stored: AbstractContextManager[None]) -> float:
+        model.zero_grad()
+        with stored:
+            out = model(x)
+        out.backward(upstream)
+        assert model.bias.grad is not None
+        return (model.bias.grad / 4e-7 - 1).abs().max().item()
+
+    recipe = stored_rounding(model, "float16", (), activations=False, stage=TRAIN_STAGE)
+    assert bias_grad_error(recipe) <= 2.0**-11
+    assert bias_grad_error(rounding_outputs(model, "float16", (), values=False)) > 1e-2
