@@ -99,11 +99,13 @@ class Row:
 
     @property
     def judged_leaf(self) -> Numerics | None:
-        """The figures this cell is calibrated by: a forward cell's worst leaf (as its
-        record shows it); a training step's leaf with the largest ratio among those the
-        rounding yardstick judged (a loss whose tolerance is eps is not one)."""
+        """The figures this cell is calibrated by: a forward cell's worst leaf, and a
+        failing training step's (as its record shows it); a training step that passes, its
+        leaf with the largest ratio among those the rounding yardstick judged (a loss whose
+        tolerance is eps is not one)."""
         numerics = self.record.numerics
-        if self.stage != TRAIN_STAGE or not self.record.leaves:
+        failed = self.record.outcome is not Outcome.PASSES
+        if self.stage != TRAIN_STAGE or not self.record.leaves or failed:
             return numerics
         by_rounding = [
             n

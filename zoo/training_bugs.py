@@ -25,7 +25,11 @@ The kinds:
   fused or chunked linear-loss kernels are written) whose backward accumulates the weight
   gradient chunk by chunk, 1024 chunks of two rows, into a buffer of the weight's dtype
   (the twin: a float32 buffer, cast once). Under ``autocast`` the weights are float32 and so is the
-  buffer: the bug costs nothing there.
+  buffer: the bug costs nothing there;
+* **loss summed step by step**: a sequence model's loss as Python's ``sum`` of its 512
+  per-step losses (a teacher-forced decoder loop), each add rounded to the losses' dtype in
+  a model trained in half precision (the twin: one ``torch.stack(...).sum()``, a reduction
+  that accumulates in float32); only the loss leaf pays, the gradients do not.
 """
 
 from __future__ import annotations
@@ -138,6 +142,27 @@ class ChunkedGradLinear(nn.Module):
         return output
 
 
+class StepwiseLossDecoder(nn.Module):
+    """A decoder step applied to every position of a teacher-forced sequence at once, its
+    loss the sum of each step's mean squared error against the next position."""
+
+    def __init__(self, safe: bool) -> None:
+        super().__init__()
+        self.safe = safe
+        self.step = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        predicted = self.step(x[:, :-1])  # every step at once: one matmul
+        losses = [
+            F.mse_loss(predicted[:, t], x[:, t + 1].to(predicted.dtype))
+            for t in range(predicted.shape[1])
+        ]
+        if self.safe:
+            return {"loss": torch.stack(losses).sum()}
+        total: torch.Tensor = sum(losses)  # type: ignore[assignment]
+        return {"loss": total}
+
+
 def symbols(tokens: int, vocab: int = 16) -> Callable[[], dict[str, torch.Tensor]]:
     def inputs() -> dict[str, torch.Tensor]:
         return {"ids": torch.randint(0, vocab, (BATCH, tokens))}
@@ -187,5 +212,8 @@ PAIRS = {
         "a weight gradient accumulated chunk by chunk in a half buffer",
         ChunkedGradLinear,
         activations(2048),
+    ),
+    "loss-summed-step-by-step": pair(
+        "a loss summed step by step in half", StepwiseLossDecoder, activations(513)
     ),
 }
