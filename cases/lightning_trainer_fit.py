@@ -14,10 +14,10 @@ updates are below half an ulp of most weights and the fit stalls (the pattern of
 :mod:`cases.bf16_pure_weights`, here through Lightning's own loop). Turning the fast path
 off keeps ``bf16-mixed``'s float32 master weights.
 
-Each fix runs a real ``Trainer.fit``: ``FIT_EPOCHS`` epochs of one batch (the fixed data),
-AdamW at 1e-4, the validation loop after every epoch (no sanity check: the failure is the
-fit's own validation). What is judged is the training loss at every step and the last
-validation's output, against the same fit in ``64-true``; the trusted fix is
+Each fix runs a real ``Trainer.fit``: one epoch of ``FIT_STEPS`` steps on the same batch
+(the fixed data), AdamW at 1e-4, then the fit's validation loop (no sanity check: the
+failure is the fit's own validation). What is judged is the training loss at every step
+and the validation's output, against the same fit in ``64-true``; the trusted fix is
 ``disable-fastpath``. bfloat16 only: ``16-mixed`` on the CPU is run as ``bf16-mixed`` by
 Lightning's accelerator connector (``lightning-trainer-validate`` shows that).
 """
@@ -42,7 +42,7 @@ from cases.lightning_encoder_fastpath import (
 from harness.measure.case import Case, FailureSignature, RunContext, Upstream, Workload, fix
 from harness.measure.registry import register
 
-FIT_EPOCHS = 20
+FIT_STEPS = 20
 LEARNING_RATE = 1e-4
 #: The seed of the regression target the encoder is trained towards.
 TARGET_SEED = 1234
@@ -89,14 +89,16 @@ def fit_module(encoder: nn.TransformerEncoder) -> Any:
 def fit_with_trainer(
     encoder: nn.TransformerEncoder, src: torch.Tensor, precision: Precision
 ) -> dict[str, torch.Tensor]:
-    """``trainer.fit`` on one fixed batch, validating after every epoch: the loss of each
-    training step and the last validation's output."""
+    """``trainer.fit``: one epoch of ``FIT_STEPS`` steps on the same batch, then the fit's
+    validation of it; the loss of each training step and the validation's output."""
     import lightning.pytorch as pl
 
     module = fit_module(copy.deepcopy(encoder))
     generator = torch.Generator().manual_seed(TARGET_SEED)
     target = torch.randn(src.shape, generator=generator, dtype=torch.float64).to(src.dtype)
-    loader = DataLoader(TensorDataset(src, target), batch_size=len(src))
+    steps = TensorDataset(*(t.expand(FIT_STEPS, *t.shape).flatten(0, 1) for t in (src, target)))
+    train_loader = DataLoader(steps, batch_size=len(src))
+    validation_loader = DataLoader(TensorDataset(src, target), batch_size=len(src))
     with quiet_lightning():
         trainer = pl.Trainer(
             accelerator="cpu",
@@ -106,11 +108,11 @@ def fit_with_trainer(
             enable_checkpointing=False,
             enable_progress_bar=False,
             enable_model_summary=False,
-            max_epochs=FIT_EPOCHS,
+            max_epochs=1,
             num_sanity_val_steps=0,
             limit_val_batches=1,
         )
-        trainer.fit(module, train_dataloaders=loader, val_dataloaders=loader)
+        trainer.fit(module, train_dataloaders=train_loader, val_dataloaders=validation_loader)
     return {"train_loss": torch.stack(module.losses), "validation": module.validated[-1]}
 
 
