@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from harness.measure import caches
 from harness.measure.backward_sites import (
     NodeWatch,
     NonFinite,
@@ -120,6 +121,13 @@ def scalar_loss(loss: Any) -> torch.Tensor:
     if not loss.requires_grad:
         raise TrainingError("the loss does not depend on any trainable parameter")
     return loss.reshape(())
+
+
+@caches.cache
+def warm_up() -> None:
+    """Construct an optimizer once, so its one-time import (``torch._dynamo``, about a
+    second) is done in the worker before it forks its cells, not in every forked batch."""
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
 
 
 def uses_grad_scaler(precision: Precision) -> bool:

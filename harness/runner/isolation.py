@@ -46,9 +46,10 @@ from harness.measure import (
     registry,
     torch_state,
     trail,
+    training,
 )
 from harness.measure.references import Baseline
-from harness.schema.axes import Cell
+from harness.schema.axes import FORWARD_STAGE, Cell
 from harness.schema.config import Limits, TimingConfig
 from harness.schema.records import CellRecord, CrashKind, Note, NoteKind, Outcome
 
@@ -90,10 +91,13 @@ def warm_parent(cell: Cell, limits: Limits, threads: int, trace: bool = True) ->
     reference fix that kills its process or changes torch's global settings cannot reach
     the worker. Returns why that child gave no result, if it did not. The worker itself
     stays single-threaded (its children start their own thread pools); where cells are
-    traced, the dtype tracer's first use is made here too."""
+    traced, the dtype tracer's first use is made here too, and where cells train, the
+    optimizers' (whose first construction imports torch._dynamo: a second in every batch)."""
     torch.set_num_threads(1)
     if trace:
         trail.warm_up()
+    if cell.stage != FORWARD_STAGE:
+        training.warm_up()
     key = (references.workpiece(cell), cell.device)
     if key not in _SHARED:
         _SHARED[key] = compute_shared(*key, limits, threads)
