@@ -38,6 +38,7 @@ def function_fillers() -> dict[str, Callable[[], Any]]:
         source_sites,
         torch_state,
         trail,
+        training,
     )
 
     mm = torch.ops.aten.mm.default
@@ -51,6 +52,7 @@ def function_fillers() -> dict[str, Callable[[], Any]]:
         source_sites.calls_in: lambda: source_sites.calls_in(__file__),
         environment.module_available: lambda: environment.module_available("json"),
         perf.warm_up: perf.warm_up,
+        training.warm_up: training.warm_up,
     }
     return {f"{func.__module__}.{func.__qualname__}": call for func, call in fillers.items()}
 
