@@ -99,9 +99,13 @@ def wait_for_run_plan(root: Path, limit_s: float = 120) -> None:
         time.sleep(0.05)
 
 
+#: Forward cells only: a kill and a resume work the same at every stage, and the cases'
+#: timed train cells tripled the test's time.
 SEED_SELECTION = (
     "--case",
     "sana-softmax-float,var-normalize-promotion,dia-sdpa-kv-cache",
+    "--stage",
+    "forward",
     "--device",
     "cpu",
     "-n",
