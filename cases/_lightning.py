@@ -11,8 +11,21 @@ from typing import Literal
 
 import torch
 
-from harness.measure.case import RunContext
+from harness.measure.case import RunContext, Upstream
 
+#: Where both Lightning cases' failure is: Lightning's mixed-precision plugin meeting the
+#: encoder fast path (#19980), and torch's side of it.
+AMP_PLUGIN = Upstream(
+    repo="Lightning-AI/pytorch-lightning",
+    file="src/lightning/pytorch/plugins/precision/amp.py",
+    commit="2.3.3",
+    issues=(
+        "Lightning-AI/pytorch-lightning#19980",
+        "pytorch/pytorch#132613",
+        "pytorch/pytorch#135936",
+    ),
+    url="https://github.com/Lightning-AI/pytorch-lightning/issues/19980",
+)
 LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning")
 Precision = Literal["64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"]
 

@@ -32,14 +32,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from cases._lightning import Precision, precision_flag, quiet_lightning
+from cases._lightning import AMP_PLUGIN, Precision, precision_flag, quiet_lightning
 from cases.lightning_encoder_fastpath import (
     ENCODER_SIZES,
     MAT1_MAT2_DTYPES,
     encoder_workload,
     fastpath_disabled,
 )
-from harness.measure.case import Case, FailureSignature, RunContext, Upstream, Workload, fix
+from harness.measure.case import Case, FailureSignature, RunContext, Workload, fix
 from harness.measure.registry import register
 
 FIT_STEPS = 20
@@ -120,17 +120,7 @@ def fit_with_trainer(
 class LightningTrainerFit(Case):
     name = "lightning-trainer-fit"
     title = "Lightning bf16-mixed fit on CPU: validation inside the fit fails; bf16-true stalls"
-    upstream = Upstream(
-        repo="Lightning-AI/pytorch-lightning",
-        file="src/lightning/pytorch/plugins/precision/amp.py",
-        commit="2.3.3",
-        issues=(
-            "Lightning-AI/pytorch-lightning#19980",
-            "pytorch/pytorch#132613",
-            "pytorch/pytorch#135936",
-        ),
-        url="https://github.com/Lightning-AI/pytorch-lightning/issues/19980",
-    )
+    upstream = AMP_PLUGIN
     failure = FailureSignature(error_type="RuntimeError", message=MAT1_MAT2_DTYPES)
     reference_fix = "disable-fastpath"
     devices = ("cpu",)

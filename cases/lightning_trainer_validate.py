@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from cases._lightning import Precision, precision_flag, quiet_lightning
+from cases._lightning import AMP_PLUGIN, Precision, precision_flag, quiet_lightning
 from cases.lightning_encoder_fastpath import (
     ENCODER_SIZES,
     MAT1_MAT2_DTYPES,
@@ -33,7 +33,7 @@ from cases.lightning_encoder_fastpath import (
     fastpath_disabled,
     record_self_attention,
 )
-from harness.measure.case import Case, FailureSignature, RunContext, Upstream, Workload, fix
+from harness.measure.case import Case, FailureSignature, RunContext, Workload, fix
 from harness.measure.registry import register
 
 
@@ -82,17 +82,7 @@ def validate_with_trainer(
 class LightningTrainerValidate(Case):
     name = "lightning-trainer-validate"
     title = "Lightning bf16-mixed validate on CPU: TransformerEncoder fast path mixes dtypes"
-    upstream = Upstream(
-        repo="Lightning-AI/pytorch-lightning",
-        file="src/lightning/pytorch/plugins/precision/amp.py",
-        commit="2.3.3",
-        issues=(
-            "Lightning-AI/pytorch-lightning#19980",
-            "pytorch/pytorch#132613",
-            "pytorch/pytorch#135936",
-        ),
-        url="https://github.com/Lightning-AI/pytorch-lightning/issues/19980",
-    )
+    upstream = AMP_PLUGIN
     failure = FailureSignature(error_type="RuntimeError", message=MAT1_MAT2_DTYPES)
     reference_fix = "half-true"
     devices = ("cpu",)

@@ -160,15 +160,23 @@ class Pair:
     twin: Factory
 
 
-def pair(kind: str, make: Callable[[bool], nn.Module], inputs: Callable[[], Any]) -> Pair:
+def pair(
+    kind: str,
+    make: Callable[[bool], nn.Module],
+    inputs: Callable[[], Any],
+    label: str = "silent bug",
+) -> Pair:
+    """A bug (``make(False)``) and its healthy twin (``make(True)``) on the same inputs,
+    each a factory whose docstring says which it is (``label``: what kind of bug)."""
+
     def bug() -> tuple[Any, ...]:
         return make(False).eval(), inputs()
 
     def twin() -> tuple[Any, ...]:
         return make(True).eval(), inputs()
 
-    bug.__doc__ = f"silent bug: {kind}"
-    twin.__doc__ = f"healthy twin of the {kind} bug"
+    bug.__doc__ = f"{label}: {kind}"
+    twin.__doc__ = f"healthy twin of the {kind} {label.removeprefix('silent ')}"
     return Pair(kind, bug, twin)
 
 

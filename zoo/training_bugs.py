@@ -35,17 +35,18 @@ The kinds:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from zoo import silent_bugs
+from zoo.silent_bugs import Pair
+
 WIDTH = 32
 BATCH = 1
 
-Factory = Callable[[], tuple[Any, ...]]
 
 
 class TiedSymbolModel(nn.Module):
@@ -177,25 +178,8 @@ def activations(tokens: int) -> Callable[[], dict[str, torch.Tensor]]:
     return inputs
 
 
-@dataclass(frozen=True)
-class Pair:
-    """A training bug and its healthy twin, with what kind of bug it is."""
-
-    kind: str
-    bug: Factory
-    twin: Factory
-
-
 def pair(kind: str, make: Callable[[bool], nn.Module], inputs: Callable[[], Any]) -> Pair:
-    def bug() -> tuple[Any, ...]:
-        return make(False).eval(), inputs()
-
-    def twin() -> tuple[Any, ...]:
-        return make(True).eval(), inputs()
-
-    bug.__doc__ = f"training bug: {kind}"
-    twin.__doc__ = f"healthy twin of the {kind} training bug"
-    return Pair(kind, bug, twin)
+    return silent_bugs.pair(kind, make, inputs, label="training bug")
 
 
 #: Every training bug with its twin, by name.
