@@ -48,7 +48,6 @@ WIDTH = 32
 BATCH = 1
 
 
-
 class TiedSymbolModel(nn.Module):
     """A small-vocabulary model: embed, one feed-forward block with a residual, and the
     output head tied to the embedding."""
