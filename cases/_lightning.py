@@ -7,7 +7,7 @@ import logging
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -56,3 +56,22 @@ def quiet_lightning() -> Iterator[None]:
         finally:
             for lg, level in zip(loggers, levels, strict=True):
                 lg.setLevel(level)
+
+
+def cpu_trainer(precision: Precision, **options: Any) -> Any:
+    """A Lightning ``Trainer`` on one CPU with ``precision``, one epoch, and nothing beside
+    the loop (no logger, checkpoints, progress bar or model summary); ``options`` add to
+    it. Build it inside :func:`quiet_lightning`."""
+    import lightning.pytorch as pl
+
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        precision=precision,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        max_epochs=1,
+        **options,
+    )

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from cases._lightning import AMP_PLUGIN, Precision, precision_flag, quiet_lightning
+from cases._lightning import AMP_PLUGIN, Precision, cpu_trainer, precision_flag, quiet_lightning
 from cases.lightning_encoder_fastpath import (
     ENCODER_SIZES,
     MAT1_MAT2_DTYPES,
@@ -91,7 +91,6 @@ def fit_with_trainer(
 ) -> dict[str, torch.Tensor]:
     """``trainer.fit``: one epoch of ``FIT_STEPS`` steps on the same batch, then the fit's
     validation of it; the loss of each training step and the validation's output."""
-    import lightning.pytorch as pl
 
     module = fit_module(copy.deepcopy(encoder))
     generator = torch.Generator().manual_seed(TARGET_SEED)
@@ -100,18 +99,7 @@ def fit_with_trainer(
     train_loader = DataLoader(steps, batch_size=len(src))
     validation_loader = DataLoader(TensorDataset(src, target), batch_size=len(src))
     with quiet_lightning():
-        trainer = pl.Trainer(
-            accelerator="cpu",
-            devices=1,
-            precision=precision,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            max_epochs=1,
-            num_sanity_val_steps=0,
-            limit_val_batches=1,
-        )
+        trainer = cpu_trainer(precision, num_sanity_val_steps=0, limit_val_batches=1)
         trainer.fit(module, train_dataloaders=train_loader, val_dataloaders=validation_loader)
     return {"train_loss": torch.stack(module.losses), "validation": module.validated[-1]}
 

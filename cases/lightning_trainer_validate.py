@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from cases._lightning import AMP_PLUGIN, Precision, precision_flag, quiet_lightning
+from cases._lightning import AMP_PLUGIN, Precision, cpu_trainer, precision_flag, quiet_lightning
 from cases.lightning_encoder_fastpath import (
     ENCODER_SIZES,
     MAT1_MAT2_DTYPES,
@@ -58,21 +58,11 @@ def validate_with_trainer(
     encoder: nn.TransformerEncoder, src: torch.Tensor, ctx: RunContext, precision: Precision
 ) -> torch.Tensor:
     """``trainer.validate`` over a one-batch DataLoader; returns the encoder's output."""
-    import lightning.pytorch as pl
 
     module = validation_module(copy.deepcopy(encoder), ctx)
     loader = DataLoader(TensorDataset(src), batch_size=len(src))
     with quiet_lightning():
-        trainer = pl.Trainer(
-            accelerator="cpu",
-            devices=1,
-            precision=precision,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            max_epochs=1,
-        )
+        trainer = cpu_trainer(precision)
         trainer.validate(module, dataloaders=loader, verbose=False)
     out: torch.Tensor = module.outputs[0]
     return out
