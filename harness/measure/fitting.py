@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from harness.measure.backward_sites import all_finite
 from harness.measure.case import OptimizerFactory
 from harness.measure.precision import Precision, autocast_region
 from harness.measure.training import (
@@ -261,7 +262,7 @@ def optimizer_step(optimizer: torch.optim.Optimizer, scaler: Any, ledger: Update
     (gradients not finite at its scale)."""
     if scaler is not None:
         scaler.unscale_(optimizer)
-        if not gradients_finite(ledger.params):
+        if not all_finite(p.grad for p in ledger.params.values()):
             scaler.step(optimizer)  # skips the step, as a fit's loop would call it
             scaler.update()
             return False
@@ -273,10 +274,6 @@ def optimizer_step(optimizer: torch.optim.Optimizer, scaler: Any, ledger: Update
         optimizer.step()
     ledger.record_after()
     return True
-
-
-def gradients_finite(params: dict[str, torch.Tensor]) -> bool:
-    return all(bool(torch.isfinite(p.grad).all()) for p in params.values() if p.grad is not None)
 
 
 def scalar_loss_value(loss: Any) -> torch.Tensor:

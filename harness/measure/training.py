@@ -277,7 +277,7 @@ def scaled_backward(
         scale = scaler.get_scale()
         scaler.scale(loss).backward(retain_graph=True)
         scaler.unscale_(optimizer)
-        if all(torch.isfinite(p.grad).all() for p in params.values() if p.grad is not None):
+        if all_finite(p.grad for p in params.values()):
             return BackwardRan(scale, scaler_note(skipped, scale))
         skipped.append(scale)
         scaler.update()  # the skipped step: the scale halves
