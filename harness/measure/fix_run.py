@@ -99,10 +99,17 @@ def call_fix(
     returns is the step's :class:`~harness.measure.training.TrainedStep`; in a ``fit`` cell it
     is the forward of each step of a short fit (:func:`fitting.fit`)."""
     func = case.fixes[fix].func if compiled is None else compiled
+
+    def forward() -> Any:
+        return func(case, workload, ctx)
+
+    def loss_of(output: Any) -> Any:
+        return case.loss(output, workload, ctx)
+
     if ctx.stage == FIT_STAGE:
         return fitting.fit(
-            lambda: func(case, workload, ctx),
-            lambda output: case.loss(output, workload, ctx),
+            forward,
+            loss_of,
             workload.model,
             ctx.precision,
             lr=case.fit_lr,
@@ -111,15 +118,15 @@ def call_fix(
         )
     if ctx.stage == TRAIN_STAGE:
         return training.train_step(
-            lambda: func(case, workload, ctx),
-            lambda output: case.loss(output, workload, ctx),
+            forward,
+            loss_of,
             workload.model,
             ctx.precision,
             scaled=case.fixes[fix].grad_scaler,
         )
     grad = torch.enable_grad() if case.needs_grad else torch.no_grad()
     with grad, autocast_region(ctx.precision):
-        return func(case, workload, ctx)
+        return forward()
 
 
 def compiled_fix(case: Case, fix: str, compile_mode: str) -> Any:

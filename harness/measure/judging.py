@@ -97,7 +97,7 @@ def judged(case: Case, cell: Cell, leaves: Leaves, record: CellRecord) -> CellRe
     each leaf's, where the output has several) and the yardsticks they were judged by."""
     piece = workpiece(cell)
     reference = reference_leaves(piece)
-    out_dtype = "+".join(dict.fromkeys(dtype_name(t.dtype) for t in leaves.values()))
+    out_dtype = joined_dtypes(leaves)
     problem = structure_problem(leaves, reference)
     if problem:
         return misshapen(case, cell, leaves, reference, replace(record, out_dtype=out_dtype))
@@ -201,10 +201,14 @@ def judged_fit(cell: Cell, run: FitRun, record: CellRecord) -> CellRecord:
 def forward_dtypes(output: object) -> str | None:
     """The dtypes of a forward output's leaves (``float16+float32``), None where it has none."""
     try:
-        leaves = output_leaves(output)
+        return joined_dtypes(output_leaves(output)) or None
     except TypeError:
         return None
-    return "+".join(dict.fromkeys(dtype_name(t.dtype) for t in leaves.values())) or None
+
+
+def joined_dtypes(leaves: Leaves) -> str:
+    """The distinct dtypes of ``leaves`` in order, joined: ``float16+float32``."""
+    return "+".join(dict.fromkeys(dtype_name(t.dtype) for t in leaves.values()))
 
 
 def worst_leaf(per_leaf: dict[str, Numerics]) -> Numerics:
