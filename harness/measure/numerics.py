@@ -47,6 +47,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from harness.measure.precision import dtype_name
+from harness.measure.training import GRAD_PREFIX
 from harness.schema.records import Numerics
 
 #: How far beyond a trusted fix's own low-precision error a cell may go.
@@ -190,7 +191,6 @@ def judge_leaves(
 #: is zero by construction (a key projection's bias: softmax ignores a shift shared by a
 #: query's scores), its float64 value rounding noise of 1e-24 to 1e-10.
 VANISHING = 1e-8
-GRADIENT_PREFIX = "grad."
 
 
 def leaf_scale(tensor: torch.Tensor) -> float:
@@ -204,9 +204,7 @@ def vanishing_scales(reference: dict[str, torch.Tensor]) -> dict[str, float]:
     leaf is held instead to what rounding costs the step's gradients (see
     :func:`rescaled`). Measured: the zoo's key biases come to at most 0.0018 of that
     tolerance; fp16-no-grad-scaler's lost gradient, 1.4e-4 of the largest, is unaffected."""
-    scales = {
-        name: leaf_scale(t) for name, t in reference.items() if name.startswith(GRADIENT_PREFIX)
-    }
+    scales = {name: leaf_scale(t) for name, t in reference.items() if name.startswith(GRAD_PREFIX)}
     largest = max(scales.values(), default=0.0)
     return {name: largest for name, s in scales.items() if s < VANISHING * largest}
 
@@ -223,7 +221,7 @@ def rescaled(
     absolute = [
         err * leaf_scale(reference[name])
         for name, err in rounding_errs.items()
-        if name.startswith(GRADIENT_PREFIX) and name not in vanishing and math.isfinite(err)
+        if name.startswith(GRAD_PREFIX) and name not in vanishing and math.isfinite(err)
     ]
     fix = {name: err for name, err in fix_errs.items() if name not in vanishing}
     rounding = dict(rounding_errs)
