@@ -14,13 +14,13 @@ import pytest
 import torch
 from torch import nn
 
-from harness.measure import execute
+from harness.measure import execute, kinks
 from harness.measure.model_case import Matrix, model_case
 from harness.measure.numerics import ROUNDING_FACTOR, rounding_ratio
 from harness.measure.rounding import rounding_outputs, stored_rounding
 from harness.runner.matrix import expand
 from harness.schema.axes import TRAIN_STAGE
-from harness.schema.records import CellRecord, outcome_label
+from harness.schema.records import CellRecord, NoteKind, outcome_label
 from zoo.training_bugs import PAIRS
 
 WIDTH = 16
@@ -39,8 +39,12 @@ def train_cell(name: str, factory: Callable[..., Any], dtype: str, mode: str) ->
 def post_layernorm_encoder() -> tuple[Any, ...]:
     """BERT's shape in plain torch, 48 layers deep: a LayerNorm after each residual add,
     GELU, weights drawn with BERT's standard deviation of 0.02 and zero biases."""
+    return encoder("gelu")
+
+
+def encoder(activation: str) -> tuple[Any, ...]:
     layer = nn.TransformerEncoderLayer(
-        WIDTH, 2, 4 * WIDTH, dropout=0.0, activation="gelu", norm_first=False
+        WIDTH, 2, 4 * WIDTH, dropout=0.0, activation=activation, norm_first=False
     )
     model = nn.TransformerEncoder(layer, LAYERS, enable_nested_tensor=False).eval()
     for name, parameter in model.named_parameters():
@@ -66,12 +70,73 @@ def test_a_healthy_post_layernorm_encoder_48_layers_deep_passes_in_train(
     assert max(rounding_ratio(n) or 0 for n in grads) < ROUNDING_FACTOR
 
 
+def relu_encoder() -> tuple[Any, ...]:
+    """The same encoder with ReLU (T5's, OPT's, ``nn.TransformerEncoder``'s default)."""
+    return encoder("relu")
+
+
+@pytest.mark.parametrize(
+    ("dtype", "mode", "ratio_without"),
+    [("float16", "half", 244), ("bfloat16", "autocast", 30), ("float16", "autocast", 39)],
+)
+def test_a_healthy_relu_encoder_48_layers_deep_passes_along_its_own_sides_of_the_kinks(
+    clean_registry: None,
+    monkeypatch: pytest.MonkeyPatch,
+    dtype: str,
+    mode: str,
+    ratio_without: float,
+) -> None:
+    """Units within rounding of a ReLU's kink cross it by chance, and each crossing moves
+    the gradients before it by the unit's whole share: judged against float64 along the
+    cell's own sides (harness.measure.kinks) the step passes; without the band (width 0)
+    the same step reads tens to hundreds of times its rounding."""
+    record = train_cell("relu-48l-train", relu_encoder, dtype, mode)
+    assert outcome_label(record) == "passes"
+    assert [n.kind for n in record.notes if n.kind == NoteKind.KINKS] == [NoteKind.KINKS]
+    assert record.numerics is not None
+    assert (rounding_ratio(record.numerics) or 0) < ROUNDING_FACTOR / 2
+    monkeypatch.setattr(kinks, "KINK_WIDTH", 0.0)
+    without = train_cell("relu-48l-train-no-band", relu_encoder, dtype, mode)
+    assert outcome_label(without) == "inaccurate" and without.numerics is not None
+    assert (rounding_ratio(without.numerics) or 0) > ratio_without / 2
+    assert not any(n.kind == NoteKind.KINKS for n in without.notes)
+
+
 def test_a_weight_gradient_accumulated_in_a_half_buffer_fails_in_train(
     clean_registry: None,
 ) -> None:
     record = train_cell("grad-buffer-in-half", PAIRS["grad-buffer-in-half"].bug, "float16", "half")
     assert outcome_label(record) == "inaccurate"
     assert record.numerics is not None and record.numerics.leaf == "grad.out_weight"
+    assert (rounding_ratio(record.numerics) or 0) > ROUNDING_FACTOR
+
+
+class TokenByTokenReluFeedForward(nn.Module):
+    """A ReLU feed-forward applied one token at a time (what transformers'
+    ``apply_chunking_to_forward`` does with a chunk size of 1): autograd sums its weights'
+    per-token gradients in their dtype. Its units cross the kink by chance too."""
+
+    def __init__(self, tokens: int = 1024) -> None:
+        super().__init__()
+        self.up = nn.Linear(WIDTH, 4 * WIDTH)
+        self.down = nn.Linear(4 * WIDTH, WIDTH)
+        self.tokens = tokens
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        chunks = [self.down(torch.relu(self.up(t))) for t in x.split(1, dim=1)]
+        return x + torch.cat(chunks, dim=1)
+
+
+def token_by_token_relu() -> tuple[Any, ...]:
+    return TokenByTokenReluFeedForward(), {"x": torch.randn(1, 1024, WIDTH)}
+
+
+def test_a_gradient_summed_in_half_still_fails_through_a_relu(clean_registry: None) -> None:
+    """Crossings of the kink are forgiven; a gradient summed in half precision is not."""
+    record = train_cell("relu-token-by-token", token_by_token_relu, "float16", "half")
+    assert outcome_label(record) == "inaccurate"
+    assert any(n.kind == NoteKind.KINKS for n in record.notes)
+    assert record.numerics is not None and (record.numerics.leaf or "").startswith("grad.")
     assert (rounding_ratio(record.numerics) or 0) > ROUNDING_FACTOR
 
 

@@ -7,8 +7,9 @@ from the (already seeded) RNG, and ``forward(model, inputs)`` the output to comp
 are small (hidden 64, 4 heads, vocabulary 128, 16 tokens, batch 2) so a float64 forward pass
 takes milliseconds on a CPU; depth is mixed: 12 layers for GPT-2, BERT, Qwen2 and OPT, 2-4
 for the rest. ``ARCHITECTURES`` maps a short name to ``(factory, layers)``; ``DEEP`` does the
-same for two healthy models 48 layers deep, a post-LayerNorm encoder (BERT) and a pre-norm
-decoder (Llama), which calibrate the yardstick at depth (too slow for the zoo's tests). Every
+same for three healthy models 48 layers deep, post-LayerNorm encoders (BERT, and torch's
+own ``nn.TransformerEncoder`` with its ReLU) and a pre-norm decoder (Llama), which calibrate
+the yardstick at depth (too slow for the zoo's tests). Every
 entry builds and runs under both transformers 4.46.3 / diffusers 0.31.0 and transformers
 5.23.0 / diffusers 0.42.1, with the same config arguments, so none is gated on a version.
 """
@@ -291,8 +292,23 @@ ARCHITECTURES: dict[str, tuple[Factory, int]] = {
     "sd3-2l": (sd3_2l, 2),
     "flux-2l": (flux_2l, 2),
 }
+
+
+def torch_encoder_48l() -> tuple[Any, ...]:
+    """torch's own ``nn.TransformerEncoder`` (post-LayerNorm, ReLU: its defaults, the
+    encoder of Lightning's validation-loop case), 48 layers."""
+    layer = torch.nn.TransformerEncoderLayer(64, 4, 256, dropout=0.0, batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, 48, enable_nested_tensor=False).eval()
+    return model, {"src": torch.randn(BATCH, TOKENS, 64)}, encoded
+
+
+def encoded(model: Any, inputs: dict[str, Any]) -> torch.Tensor:
+    return model(**inputs)
+
+
 #: Healthy models 48 layers deep: the yardstick must hold at any depth.
 DEEP: dict[str, tuple[Factory, int]] = {
     "bert-48l": (bert_48l, 48),
     "llama-48l": (llama_48l, 48),
+    "torch-encoder-48l": (torch_encoder_48l, 48),
 }

@@ -20,7 +20,8 @@ The kinds:
 * **chunked feed-forward**: transformers' ``apply_chunking_to_forward`` (the
   ``chunk_size_feed_forward`` of BERT-style models) one token at a time over 1024 tokens:
   autograd sums the weights' 1024 per-chunk gradients in the weights' dtype (the twin: the
-  same feed-forward unchunked, one matmul per weight);
+  same feed-forward unchunked, one matmul per weight); once with GELU, once with T5's and
+  OPT's ReLU, whose units cross the kink by chance (see ``harness.measure.kinks``);
 * **gradient buffer**: a memory-saving linear layer (a custom ``autograd.Function``, as
   fused or chunked linear-loss kernels are written) whose backward accumulates the weight
   gradient chunk by chunk, 1024 chunks of two rows, into a buffer of the weight's dtype
@@ -75,17 +76,26 @@ class ChunkedFeedForward(nn.Module):
     """A feed-forward block applied chunk by chunk along the tokens, as BERT-style models in
     transformers do with ``chunk_size_feed_forward``."""
 
-    def __init__(self, safe: bool, chunk_size: int = 1) -> None:
+    def __init__(
+        self, safe: bool, chunk_size: int = 1, activation: Callable[..., Any] = F.gelu
+    ) -> None:
         super().__init__()
         from transformers.pytorch_utils import apply_chunking_to_forward
 
         self.apply_chunking = apply_chunking_to_forward
         self.chunk_size = 0 if safe else chunk_size  # 0: transformers' "no chunking"
+        self.activation = activation
         self.up = nn.Linear(WIDTH, 4 * WIDTH)
         self.down = nn.Linear(4 * WIDTH, WIDTH)
 
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.gelu(self.up(x)))
+        return self.down(self.activation(self.up(x)))
+
+
+def chunked_relu_feed_forward(safe: bool) -> ChunkedFeedForward:
+    """The chunked feed-forward with T5's and OPT's ReLU: its gradient jumps where a unit
+    crosses the kink (see ``harness.measure.kinks``), and the bug must still show."""
+    return ChunkedFeedForward(safe, activation=F.relu)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.apply_chunking(self.feed_forward, self.chunk_size, 1, x)
@@ -189,6 +199,11 @@ PAIRS = {
     "chunked-ffn-grads-summed-in-half": pair(
         "a chunked feed-forward's weight gradients summed in half",
         ChunkedFeedForward,
+        activations(1024),
+    ),
+    "chunked-relu-ffn-grads-summed-in-half": pair(
+        "a chunked ReLU feed-forward's weight gradients summed in half",
+        chunked_relu_feed_forward,
         activations(1024),
     ),
     "grad-buffer-in-half": pair(

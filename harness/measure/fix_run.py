@@ -21,6 +21,7 @@ import torch
 from harness.measure import fitting, training
 from harness.measure.case import Case, RunContext, Workload
 from harness.measure.errors import WorkloadFailed
+from harness.measure.kinks import KinkRecorder
 from harness.measure.precision import (
     Precision,
     autocast_region,
@@ -150,6 +151,8 @@ class FixRun:
     warnings: tuple[str, ...] = ()
     #: What the checks found worth saying but not worth a flag (a small float32 island).
     note: Note | None = None
+    #: A training step's ReLU inputs, call by call (see :mod:`harness.measure.kinks`).
+    relu_inputs: tuple[torch.Tensor, ...] = ()
 
 
 def run_fix_checked(
@@ -174,8 +177,12 @@ def run_fix_checked(
     if trace and compiled is None:
         names = Names.of_workload(ready.model, ready.inputs, keep)
         tracer = DtypeTracer(ctx.dtype, names, watch, root=ready.model)
+    relus = KinkRecorder(keep_values=not trace) if records_relus(ctx, compiled) else None
     output, error, texts = watched_call(
-        lambda: call_fix(case, fix, ready, ctx, compiled), watch if watched else None, tracer
+        lambda: call_fix(case, fix, ready, ctx, compiled),
+        watch if watched else None,
+        tracer,
+        relus,
     )
     output, forward_output, step_note = step_parts(output)
     trail, drifted, island_note = traced_findings(tracer, forward_output, error, ctx.precision)
@@ -188,7 +195,14 @@ def run_fix_checked(
         undone_upcast_flag(tracer.undone_upcast() if tracer is not None else None),
     )
     note = step_note or island_note
-    return FixRun(output, error, tuple(f for f in found if f), trail, texts, note)
+    relu_inputs = tuple(x.detach() for x in relus.inputs) if relus is not None else ()
+    return FixRun(output, error, tuple(f for f in found if f), trail, texts, note, relu_inputs)
+
+
+def records_relus(ctx: RunContext, compiled: Any) -> bool:
+    """A training step's ReLU inputs are kept, to judge it along its own sides of the
+    kinks (see :mod:`harness.measure.kinks`); a compiled one's are Dynamo's to see."""
+    return ctx.stage == TRAIN_STAGE and compiled is None
 
 
 def step_parts(output: Any) -> tuple[Any, Any, Note | None]:
@@ -207,11 +221,14 @@ def judged_output(output: Any) -> Any:
 
 
 def watched_call(
-    call: Callable[[], Any], watch: PythonWatch | None, tracer: DtypeTracer | None
+    call: Callable[[], Any],
+    watch: PythonWatch | None,
+    tracer: DtypeTracer | None,
+    relus: KinkRecorder | None = None,
 ) -> tuple[Any, BaseException | None, tuple[str, ...]]:
-    """``call()`` under the watch and the tracer where given: its output, the exception it
-    raised (every failure of the code under test is a result, not an error here) and the
-    warnings it raised."""
+    """``call()`` under the watch, the tracer and the ReLU recorder where given: its
+    output, the exception it raised (every failure of the code under test is a result, not
+    an error here) and the warnings it raised."""
     output, error = None, None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -219,6 +236,7 @@ def watched_call(
             with (
                 watch_python(watch) if watch is not None else nullcontext(),
                 tracing(tracer) if tracer is not None else nullcontext(),
+                relus if relus is not None else nullcontext(),
             ):
                 output = call()
         except Exception as raised:

@@ -15,6 +15,7 @@ from harness.measure.cell_record import crashed
 from harness.measure.errors import WorkloadFailed, case_root, error_fields
 from harness.measure.fitting import FitRun, fit_figures, shortfall_numerics, stall_reason
 from harness.measure.fix_run import FixRun, context_for, run_fix_checked
+from harness.measure.kinks import crossings, sides
 from harness.measure.numerics import Yardsticks, judge_leaves, within_tolerance
 from harness.measure.precision import dtype_name, dtype_of, output_leaves
 from harness.measure.references import (
@@ -23,7 +24,9 @@ from harness.measure.references import (
     Workpiece,
     baseline,
     leaf_label,
+    reference_along,
     reference_leaves,
+    reference_relus,
     rounding,
     structure_problem,
     workpiece,
@@ -49,7 +52,7 @@ def classify(case: Case, cell: Cell, run: FixRun, record: CellRecord) -> CellRec
         check_has_values(leaves)
     except TypeError as error:
         return crashed(record, CrashKind.CONTRACT, error, case)
-    return judged(case, cell, leaves, record)
+    return judged(case, cell, leaves, record, run.relu_inputs)
 
 
 def require_reference(cell: Cell) -> None:
@@ -92,11 +95,19 @@ def from_compiler(error: BaseException) -> bool:
     return type(error).__module__.startswith(("torch._dynamo", "torch._inductor"))
 
 
-def judged(case: Case, cell: Cell, leaves: Leaves, record: CellRecord) -> CellRecord:
+def judged(
+    case: Case,
+    cell: Cell,
+    leaves: Leaves,
+    record: CellRecord,
+    relu_inputs: tuple[torch.Tensor, ...] = (),
+) -> CellRecord:
     """A cell that ran: ``passes`` or ``inaccurate``, with the worst leaf's figures (and
-    each leaf's, where the output has several) and the yardsticks they were judged by."""
+    each leaf's, where the output has several) and the yardsticks they were judged by; a
+    training step along its own sides of the ReLU kinks (``relu_inputs``)."""
     piece = workpiece(cell)
-    reference = reference_leaves(piece)
+    reference, kinks_note = reference_for(piece, cell, relu_inputs)
+    record = record.noted(kinks_note)
     out_dtype = joined_dtypes(leaves)
     problem = structure_problem(leaves, reference)
     if problem:
@@ -120,6 +131,34 @@ def judged(case: Case, cell: Cell, leaves: Leaves, record: CellRecord) -> CellRe
         leaves=per_leaf if len(per_leaf) > 1 else None,
         baseline_error=sticks.error,
     ).noted(sticks.note)
+
+
+def reference_for(
+    piece: Workpiece, cell: Cell, relu_inputs: tuple[torch.Tensor, ...]
+) -> tuple[Leaves, Note | None]:
+    """The float64 reference a cell is judged against: the case's, or, where the cell's
+    training step put ReLU units across the kink within the band, the reference taken
+    along the cell's sides, with a note saying how many (see :mod:`harness.measure.kinks`)."""
+    reference = reference_leaves(piece)
+    if not relu_inputs:
+        return reference, None
+    cell_sides, dtype = sides(relu_inputs), kinks_dtype(cell)
+    crossed = crossings(reference_relus(piece), cell_sides, dtype)
+    along = reference_along(piece, cell_sides, dtype) if crossed else None
+    if along is None:
+        return reference, None
+    text = (
+        f"{crossed} ReLU unit(s) within rounding of the kink took the other side "
+        "than float64's: judged against float64 taken along the same sides"
+    )
+    return along, Note(NoteKind.KINKS, text)
+
+
+def kinks_dtype(cell: Cell) -> str:
+    """Whose resolution a cell's ReLU sides are judged by: its dtype's (TF32's for a
+    float32 control on a GPU, which may compute its matmuls in it)."""
+    control_on_gpu = cell.dtype == CONTROL_DTYPE and torch.device(cell.device).type == "cuda"
+    return "tf32" if control_on_gpu else cell.dtype
 
 
 #: The error type of a cell whose output changed from one call to the next, and of one

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ from harness.measure.fix_run import (
     prepared_workload,
     run_fix_checked,
 )
+from harness.measure.kinks import KinkReplay, sides
 from harness.measure.numerics import relative_error
 from harness.measure.precision import output_leaves, split_kept
 from harness.measure.rounding import (
@@ -39,7 +41,14 @@ from harness.measure.rounding import (
     rounds_activations,
     stored_rounding,
 )
-from harness.schema.axes import CONTROL_DTYPE, CONTROL_MODE, FIT_STAGE, FORWARD_STAGE, Cell
+from harness.schema.axes import (
+    CONTROL_DTYPE,
+    CONTROL_MODE,
+    FIT_STAGE,
+    FORWARD_STAGE,
+    TRAIN_STAGE,
+    Cell,
+)
 
 REFERENCE_BACKENDS = ("sdpa", "eager")
 
@@ -67,6 +76,11 @@ _REFERENCES: dict[Workpiece, Leaves] = caches.keyed(f"{__name__}._REFERENCES")
 #: reference is told, and none computes it again.
 _REFERENCE_FAILURES: dict[Workpiece, BaseException] = caches.keyed(
     f"{__name__}._REFERENCE_FAILURES"
+)
+#: The float64 reference's ReLU inputs, call by call, by workpiece (a training step's; see
+#: :mod:`harness.measure.kinks`).
+_REFERENCE_RELUS: dict[Workpiece, tuple[torch.Tensor, ...]] = caches.keyed(
+    f"{__name__}._REFERENCE_RELUS"
 )
 #: The trusted fix's error, computed on the cell's device, by (*workpiece, device, dtype).
 _BASELINES: dict[tuple[str, str, str, str, str, str], Baseline] = caches.keyed(
@@ -134,6 +148,33 @@ def compute_reference(piece: Workpiece) -> Leaves:
         raise ReferenceFailed(failure.error) from failure
     if run.error is not None:
         raise ReferenceFailed(run.error)
+    _REFERENCE_RELUS[piece] = tuple(x.to("cpu", torch.float64) for x in run.relu_inputs)
+    return float64_leaves(judged_output(run.output))
+
+
+def reference_relus(piece: Workpiece) -> tuple[torch.Tensor, ...]:
+    """The float64 reference's ReLU inputs, call by call (none outside a training step)."""
+    reference_leaves(piece)
+    return _REFERENCE_RELUS.get(piece, ())
+
+
+def reference_along(
+    piece: Workpiece, cell_sides: tuple[torch.Tensor, ...], dtype: str
+) -> Leaves | None:
+    """The float64 reference taken again with its ReLU units within the band of the kink
+    on the cell's sides (see :mod:`harness.measure.kinks`); None where its ReLU calls turn
+    out not to be the ones recorded."""
+    case_name, size, backend, stage = piece
+    case = registry.get(case_name)
+    ctx = context_for(case, plain_cell(case, "float64", size, backend=backend, stage=stage))
+    replay = KinkReplay(cell_sides, dtype)
+    try:
+        with replay:
+            run = run_fix_checked(case, case.reference_fix, ctx, trace=False)
+    except WorkloadFailed:
+        return None
+    if run.error is not None or not replay.fits:
+        return None
     return float64_leaves(judged_output(run.output))
 
 
@@ -221,11 +262,21 @@ def compute_rounding(
     try:
         workload = rounded_workload(case, ctx, dtype, keep)
         model_keep = split_kept(keep, workload.inputs)[0]
-        with stored_rounding(workload.model, dtype, model_keep, activations, stage):
+        with (
+            stored_rounding(workload.model, dtype, model_keep, activations, stage),
+            float64_kinks(piece, dtype),
+        ):
             run = run_fix_checked(case, case.reference_fix, ctx, trace=False, workload=workload)
     except WorkloadFailed as failure:
         run = FixRun(error=failure.error)
     return errors_against_reference(run, piece)
+
+
+def float64_kinks(piece: Workpiece, dtype: str) -> KinkReplay | nullcontext[None]:
+    """In a training step's rounding yardstick, every ReLU unit within the band of the
+    kink takes float64's side (see :mod:`harness.measure.kinks`)."""
+    relus = reference_relus(piece) if piece[3] == TRAIN_STAGE else ()
+    return KinkReplay(sides(relus), dtype) if relus else nullcontext()
 
 
 def rounded_workload(case: Case, ctx: RunContext, dtype: str, keep: tuple[str, ...]) -> Workload:
@@ -290,6 +341,7 @@ def reference_figures(piece: Workpiece, device: str) -> bytes | None:
     torch.save(
         {
             "reference": reference,
+            "relus": list(reference_relus(piece)),
             "roundings": [(d, list(k), a, dataclasses.asdict(b)) for d, k, a, b in roundings],
         },
         buffer,
@@ -301,6 +353,7 @@ def remember_reference_figures(piece: Workpiece, data: bytes) -> None:
     """Hold what ``reference_figures`` computed in another process."""
     loaded = torch.load(io.BytesIO(data), weights_only=True)
     _REFERENCES[piece] = loaded["reference"]
+    _REFERENCE_RELUS[piece] = tuple(loaded["relus"])
     for dtype, keep, activations, figures in loaded["roundings"]:
         _ROUNDINGS[(*piece, dtype, tuple(keep), activations)] = Baseline(**figures)
 

@@ -74,6 +74,9 @@ class NoteKind(str, Enum):
     TIMED_ALONE = "timed-alone"
     #: Why a fit stalled (its loss, or the updates it lost).
     FIT = "fit"
+    #: A training step's ReLU units crossed the kink within rounding of it: judged along
+    #: its own sides (see ``harness.measure.kinks``).
+    KINKS = "kinks"
     #: A training step's GradScaler skipped steps (gradients not finite) before it ran.
     SCALER = "scaler"
     #: A training step's gradients were not finite: the first parameter whose gradient went
