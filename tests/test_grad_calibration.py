@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from harness.measure import execute, kinks
@@ -196,3 +197,52 @@ def test_under_autocast_a_float16_gradient_is_rounded_as_the_scaled_recipe_holds
     recipe = stored_rounding(model, "float16", (), activations=False, stage=TRAIN_STAGE)
     assert bias_grad_error(recipe) <= 2.0**-11
     assert bias_grad_error(rounding_outputs(model, "float16", (), values=False)) > 1e-2
+
+
+class BiasedAttention(nn.Module):
+    """Attention with a trainable position bias as SDPA's mask (T5's way): with a mask
+    that needs a gradient, torch takes SDPA's math fallback, which computes half q, k and v
+    in float32 by design; ``upcast`` makes the code itself call SDPA in float32. Its output
+    projection casts its input to its weight's dtype (T5's ``wo``), and back."""
+
+    def __init__(self, upcast: bool = False) -> None:
+        super().__init__()
+        self.upcast = upcast
+        self.qkv = nn.Linear(WIDTH, 3 * WIDTH)
+        self.bias = nn.Parameter(torch.randn(1, 2, 12, 12) * 0.1)
+        self.out = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).unflatten(-1, (3, 2, WIDTH // 2)).permute(2, 0, 3, 1, 4)
+        if self.upcast:
+            q, k, v = q.float(), k.float(), v.float()
+        attention = F.scaled_dot_product_attention(q, k, v, attn_mask=self.bias.to(q.dtype))
+        hidden = attention.transpose(1, 2).flatten(-2).to(x.dtype)
+        return self.out(hidden.to(self.out.weight.dtype)).to(x.dtype)
+
+
+def biased_attention() -> tuple[Any, ...]:
+    return BiasedAttention(), {"x": torch.randn(2, 12, WIDTH)}
+
+
+def upcast_attention() -> tuple[Any, ...]:
+    return BiasedAttention(upcast=True), {"x": torch.randn(2, 12, WIDTH)}
+
+
+def test_what_torch_computes_inside_sdpa_and_in_backward_is_no_drift(clean_registry: None) -> None:
+    """Called with half q, k and v, SDPA's math fallback computes in float32 (the cell's
+    compute dtypes say so) and the output's projection, kept float32, has a float32
+    backward: neither is the model's choice, and neither is drift."""
+    matrix = Matrix(
+        dtypes=("float16",), modes=("half",), stages=(TRAIN_STAGE,), keep_fp32=("out",)
+    )
+    case = model_case("biased-attention", biased_attention, matrix, __file__)
+    (cell,) = [c for c in expand([case]).to_run if c.stage == TRAIN_STAGE and c.mode == "half"]
+    record = execute.run_cell(cell)
+    assert outcome_label(record) == "passes"
+    assert record.trail is not None and "float32" in record.trail.compute_dtypes["matmul"]
+
+
+def test_sdpa_called_in_float32_by_the_code_drifts(clean_registry: None) -> None:
+    record = train_cell("upcast-attention", upcast_attention, "float16", "half")
+    assert [flag.kind for flag in record.flags] == ["drift"]

@@ -25,6 +25,7 @@ in backward, untraced it trained).
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from harness.measure import caches
@@ -184,6 +186,8 @@ class DtypeTracer(LazyDynamoMode):
         #: An explicit upcast autocast undid: (where the cast was, the kernel it fed).
         self.undone: tuple[str, Site] | None = None
         self.upcast_seen = False
+        #: How deep the run is inside calls of torch's SDPA (see :class:`SdpaCalls`).
+        self.inside_sdpa = 0
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
@@ -313,7 +317,7 @@ class DtypeTracer(LazyDynamoMode):
         for t in inputs:
             seen[dtype_name(t.dtype)] = None
         wide = [t for t in inputs if widens(t.dtype, self.low)]
-        if not wide or any(self.is_kept(t) for t in wide):
+        if not wide or any(self.is_kept(t) for t in wide) or self.torch_chose_the_dtype():
             return None
         for t in wide:
             self.drifted.setdefault(kind, {})[dtype_name(t.dtype)] = None
@@ -323,6 +327,29 @@ class DtypeTracer(LazyDynamoMode):
         self.wide_uncounted |= flops is None
         self.islands.append(IslandState(self.site(func, inputs), dtype_name(wide[0].dtype)))
         return len(self.islands) - 1
+
+    def given_low(self, qkv: tuple[Any, ...]) -> bool:
+        """q, k and v are all in the cell's dtype, as SDPA computes them (autocast casts a
+        float32 one to its dtype, where it is on)."""
+        low = dtype_name(self.low)
+        return all(isinstance(t, torch.Tensor) and self.as_computed(t) == low for t in qkv)
+
+    def as_computed(self, tensor: torch.Tensor) -> str:
+        autocast = self.autocast_dtype(tensor.device.type)
+        return autocast if autocast and tensor.dtype == torch.float32 else dtype_name(tensor.dtype)
+
+    def torch_chose_the_dtype(self) -> bool:
+        """A wide kernel whose dtype no code of the case's or model's chose, so it is no
+        drift (it is in the cell's ``compute_dtypes`` all the same): one inside torch's
+        SDPA (its math fallback, taken where no fused kernel takes the call, a mask that
+        needs a gradient among the reasons, computes half inputs in float32 by design and
+        returns the call's dtype: T5's trainable position bias sends every training step
+        there), or in the backward of a built-in autograd node, which computes in the dtypes
+        its forward computed in (a wide forward was judged there, a kept part's backward
+        included); a custom Function's backward is the model's own code, and judged."""
+        if self.inside_sdpa:
+            return True
+        return in_backward() and location_in_backward(sys._getframe(2)) is None
 
     def follow_islands(
         self, inputs: list[torch.Tensor], outputs: list[torch.Tensor], new: int | None
@@ -515,10 +542,37 @@ def promotion_of(tensors: list[torch.Tensor]) -> Promotion | None:
 def tracing(tracer: DtypeTracer) -> Iterator[DtypeTracer]:
     ACTIVE.append(tracer)
     try:
-        with tracer:
+        with watching_sdpa(tracer), tracer:
             yield tracer
     finally:
         ACTIVE.remove(tracer)
+
+
+@contextmanager
+def watching_sdpa(tracer: DtypeTracer) -> Iterator[None]:
+    """While it lasts, ``torch.nn.functional.scaled_dot_product_attention`` is a thin
+    wrapper that tells the tracer when the run is inside a call given q, k and v in the
+    cell's dtype (as autocast casts them, where it is on): what torch computes inside is
+    its choice (see :meth:`DtypeTracer.torch_chose_the_dtype`); a call given wider inputs
+    is the code's choice, and its kernels are judged. A wrapper, not a TorchFunctionMode,
+    which would turn fused fast paths off; code that imported the function by name before
+    calls it unwatched (its kernels judged as any)."""
+    original = F.scaled_dot_product_attention
+
+    @functools.wraps(original)
+    def watched(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
+        inside = tracer.given_low((query, key, value))
+        tracer.inside_sdpa += inside
+        try:
+            return original(query, key, value, *args, **kwargs)
+        finally:
+            tracer.inside_sdpa -= inside
+
+    F.scaled_dot_product_attention = watched
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
 
 
 @caches.cache
