@@ -91,14 +91,14 @@ class ChunkedFeedForward(nn.Module):
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(self.activation(self.up(x)))
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.apply_chunking(self.feed_forward, self.chunk_size, 1, x)
+
 
 def chunked_relu_feed_forward(safe: bool) -> ChunkedFeedForward:
     """The chunked feed-forward with T5's and OPT's ReLU: its gradient jumps where a unit
     crosses the kink (see ``harness.measure.kinks``), and the bug must still show."""
     return ChunkedFeedForward(safe, activation=F.relu)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.apply_chunking(self.feed_forward, self.chunk_size, 1, x)
 
 
 class ChunkedLinearFunction(torch.autograd.Function):

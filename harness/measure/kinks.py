@@ -9,18 +9,20 @@ the data costs. Which units cross is chance; that some may is not. Such a unit's
 below the dtype's resolution: neither side is the right one.
 
 So a training step is judged along its own sides of the kinks. Its ReLU inputs are recorded
-(:class:`KinkRecorder`), and where a unit took the other side than float64's while float64's
-input is within ``KINK_WIDTH`` eps of the kink (relative to its tensor's largest input), the
-float64 reference is taken again with that unit on the cell's side (:class:`KinkReplay`):
-every value in it is still float64's. A unit further from the kink keeps float64's side,
-and a computation that put it across is judged as it is. The rounding yardstick, which has
-chance crossings of its own, is taken with float64's sides within the same band: it measures
-the smooth cost of rounding, like the yardstick of a model without kinks.
+(:class:`KinkRecorder`), and where it put a unit on the other side than float64's while
+float64's input is within ``KINK_WIDTH`` eps of the kink (relative to its tensor's largest
+input), the float64 reference is taken again with every unit within that band on the cell's
+side (:class:`KinkReplay`; every value in it is still float64's, and a unit nudged into the
+band by a crossing upstream follows the cell too). A unit further from the kink keeps
+float64's side: a computation that put it across is judged as it is. The rounding
+yardstick, which has chance crossings of its own, is taken with float64's sides within the
+same band: it measures the smooth cost of rounding, as for a model without kinks.
 
 Measured (CPU, torch 2.13.0; T5 and ``nn.TransformerEncoder`` with ReLU, 2 to 48 layers,
 post- and pre-LN, float16 and bfloat16, ``autocast`` and ``half``): a cell's ReLU inputs
 differ from float64's by at most 4.0 eps of their tensor's largest; ``KINK_WIDTH`` is twice
-that. A forward output moves continuously through a kink: only training steps need this.
+that. A forward output moves continuously through a kink: only training steps need this,
+and only a step that crossed pays for it (one more float64 step of the model).
 """
 
 from __future__ import annotations
