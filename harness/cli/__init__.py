@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, NoReturn
 
-from harness.cli import bisect, check, compare, listing, output, report, run
+from harness.cli import bisect, check, compare, listing, nightly, output, report, run
 from harness.results import storage
 from harness.schema.text import one_line
 
@@ -67,6 +67,7 @@ COMMANDS: dict[str, ModuleType] = {
     "report": report,
     "compare": compare,
     "bisect": bisect,
+    "nightly-verdict": nightly,
 }
 
 
