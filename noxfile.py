@@ -353,6 +353,19 @@ def compare(session: nox.Session) -> None:
     session.run("python", "-m", "harness", "compare", *session.posargs)
 
 
+@nox.session(name="nightly-verdict", python=PYTHON)
+def nightly_verdict(session: nox.Session) -> None:
+    """`nox -s nightly-verdict -- TONIGHT [LAST] [--out FILE] [--markdown FILE]
+    [--allow-missing]`: the nightly's combine step. One report over tonight's runs (every
+    release on every GPU kind), then each release and GPU against last night's; fails on a
+    cell that stopped passing or a new error, not on a case's known failure reproduced
+    (harness/report/nightly.py). Without LAST it says so and passes."""
+    if not session.posargs or session.posargs[0].startswith("-"):
+        session.error("usage: nox -s nightly-verdict -- TONIGHT [LAST] [options]")
+    install_with_torch(session, DEFAULT_TORCH, "-e", ".")
+    session.run("python", "-m", "harness", "nightly-verdict", *session.posargs)
+
+
 def newest_run(session: nox.Session) -> Path:
     runs = sorted(
         (p for p in Path("results").glob("*") if (p / "env.json").exists()),
@@ -460,10 +473,25 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff (lint and format check) and mypy."""
+    """ruff (lint and format check), mypy, and the GitHub workflows (``lint_workflows``)."""
     install_with_torch(
         session, DEFAULT_TORCH, "-e", ".[lint,test]", "nox", *lightning_requirements(DEFAULT_TORCH)
     )
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy")
+    session.run("mypy", ".github/scripts")
+    lint_workflows(session)
+
+
+#: The workflows the lint session checks.
+WORKFLOWS = Path(".github") / "workflows"
+
+
+def lint_workflows(session: nox.Session) -> None:
+    """The workflows against check-jsonschema's built-in GitHub workflow schema, then
+    zizmor's security audit (pinning, permissions, template injection, credentials left
+    in artifacts); both offline, both failing on any finding."""
+    workflows = sorted(str(path) for path in WORKFLOWS.glob("*.yml"))
+    session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows)
+    session.run("zizmor", "--offline", str(WORKFLOWS))
