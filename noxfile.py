@@ -266,11 +266,27 @@ def last_used(env: Path) -> float:
     return (marker if marker.exists() else env).stat().st_mtime
 
 
+def protected_environments() -> set[str]:
+    """The matrix environments a prune never removes: the default release's (and the one
+    AMPMATRIX_TORCH names), which a plain ``nox -s matrix`` uses. A bisect or a sweep
+    runs many releases one after another, each session pruning after itself; without this
+    the default's environment went with the rest and the next plain run rebuilt it."""
+    return {environment_of(release).name for release in (DEFAULT_TORCH, default_version())}
+
+
+def environments_to_prune(envs: list[Path], keep: int, protected: set[str]) -> list[Path]:
+    """All but the ``keep`` most recently used of ``envs`` (most recent first), less the
+    protected ones."""
+    return [env for env in envs[keep:] if env.name not in protected]
+
+
 def prune_environments(session: nox.Session, keep: int) -> None:
-    pruned = matrix_environments()[keep:]
+    pruned = environments_to_prune(matrix_environments(), keep, protected_environments())
     heavy = sorted({name for env in pruned for name in heavy_distributions(env)})
     for env in pruned:
-        session.log(f"prune: removing {env} (kept the {keep} most recently used)")
+        session.log(
+            f"prune: removing {env} (kept the {keep} most recently used and the default's)"
+        )
         shutil.rmtree(env)
     free_gb = shutil.disk_usage(".").free / 2**30
     if heavy and free_gb < MIN_FREE_GB and shutil.which("uv"):

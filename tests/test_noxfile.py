@@ -173,3 +173,53 @@ def test_flash_attn_4_gets_the_cutlass_libraries_for_torchs_cuda(nf: ModuleType)
     extras = (ROOT / "pyproject.toml").read_text()
     assert 'flash4 = ["flash-attn-4>=4.0.0b36"]' in extras
     assert 'flash4-cu13 = ["flash-attn-4[cu13]>=4.0.0b36"]' in extras
+
+
+class RecordingSession:
+    """Stands in for a nox session: what it logged and ran."""
+
+    def __init__(self) -> None:
+        self.logged: list[str] = []
+        self.ran: list[tuple[str, ...]] = []
+
+    def log(self, message: str) -> None:
+        self.logged.append(message)
+
+    def run(self, *args: str, **kwargs: object) -> None:
+        self.ran.append(args)
+
+
+def test_a_prune_never_lists_the_default_release(nf: ModuleType, tmp_path: Path) -> None:
+    now = time.time()
+    default = nf.environment_of(nf.DEFAULT_TORCH).name
+    envs = [make_env(tmp_path, f"matrix-torch-2-{minor}-0", now - minor) for minor in range(1, 7)]
+    envs.append(make_env(tmp_path, default, now - 100))  # the least recently used
+    order = nf.matrix_environments(tmp_path)
+    assert order[-1].name == default
+    pruned = nf.environments_to_prune(order, 2, nf.protected_environments())
+    assert [p.name for p in pruned] == [f"matrix-torch-2-{minor}-0" for minor in (3, 4, 5, 6)]
+    assert default in nf.protected_environments()
+
+
+def test_a_bisect_keeps_the_default_releases_environment(
+    nf: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bisect measures one release after another, each matrix session pruning to the
+    most recently used four: the default's environment, used before it, stays."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("AMPMATRIX_TORCH", raising=False)
+    root = tmp_path / ".nox"
+    now = time.time()
+    default = nf.environment_of(nf.DEFAULT_TORCH)
+    make_env(root, default.name, now - 1000)
+    session = RecordingSession()
+    measured = [r for r in nf.TORCH_VERSIONS if r != nf.DEFAULT_TORCH][:7]
+    for step, release in enumerate(measured):
+        make_env(root, nf.environment_of(release).name, now - 900 + step)
+        nf.prune_environments(session, 4)
+        assert default.is_dir(), session.logged
+    left = sorted(p.name for p in root.iterdir())
+    kept = sorted([default.name, *(nf.environment_of(r).name for r in measured[-4:])])
+    assert left == kept
+    assert len(session.logged) == len(measured) - 4
+    assert all("the default's" in line for line in session.logged)
