@@ -277,3 +277,17 @@ def test_only_a_speed_regression_beyond_the_noise_fails(
     record = stored("cast-kv-to-q", "half", PASSES)
     change = Change(record.cell, "speed", "1 ms", "2 ms (2.00x)", verdict)
     assert judge(change, record, record) is judgement
+
+
+def test_a_damaged_line_of_last_night_is_named_and_the_rest_compared(
+    nights: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    last, tonight = nights
+    run = last / run_name("2.13.0", GPUS[0])
+    with (run / storage.CELLS_FILE).open("a") as cells:
+        cells.write('{"outcome": "passes", "case": \n')
+    code, out, err = verdict(capsys, tmp_path, tonight, last)
+    assert code == 0, out + err
+    (warning,) = [line for line in err.splitlines() if "warning" in line]
+    assert str(run / storage.CELLS_FILE) in warning
+    assert "nightly verdict: pass: 4 environments compared" in out

@@ -65,6 +65,7 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         append_markdown(args.markdown, f"### Against last night\n\n{note}\n")
         return 0
     verdict = judge_nights(existing_run_dir(args.last), args.tonight)
+    warn(verdict.problems)  # tonight's were said with the report
     for line in verdict.left_out:
         print(f"ampmatrix: {line}", file=sys.stderr)
     print(render_verdict(verdict, args.allow_missing))

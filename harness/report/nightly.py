@@ -88,6 +88,8 @@ class NightVerdict:
     judged: list[Judged] = field(default_factory=list)
     missing: list[Missing] = field(default_factory=list)
     left_out: list[str] = field(default_factory=list)
+    #: What could not be read of last night's runs (file and line); the rest was compared.
+    problems: list[str] = field(default_factory=list)
     #: How many environments (torch release x GPU) were compared with last night.
     compared: int = 0
 
@@ -159,9 +161,12 @@ def judge_nights(last: Path, tonight: Path) -> NightVerdict:
     verdict = NightVerdict(left_out=list(pairing.left_out), compared=len(pairing.pairs))
     for base_dir in pairing.unpaired_bases:
         lost = load_run(base_dir)
+        verdict.problems += lost.problems
         verdict.missing.append(Missing(base_dir, tonight, sorted(r.cell for r in lost.records)))
     for base_dir, head_dir in pairing.pairs:
-        judged, missing = judge_pair(load_run(base_dir), load_run(head_dir))
+        base = load_run(base_dir)
+        verdict.problems += base.problems
+        judged, missing = judge_pair(base, load_run(head_dir))
         verdict.judged += judged
         verdict.missing.append(missing)
     verdict.missing = [m for m in verdict.missing if m.cells]
