@@ -59,12 +59,17 @@ def device_skip_reason(device: str) -> str | None:
     return None
 
 
+#: bfloat16 arithmetic came with Ampere (sm80).
+BFLOAT16_MIN_MAJOR = 8
+
+
 def dtype_skip_reason(device: str, dtype: str) -> str | None:
-    if device.startswith("cuda") and dtype == "bfloat16":
-        major, minor = torch.cuda.get_device_capability(device)
-        if major < 8:
-            return f"bfloat16 needs sm80+ ({device} is sm{major}{minor})"
-    return None
+    too_old = (
+        device.startswith("cuda")
+        and dtype == "bfloat16"
+        and flash_kernels.capability(device)[0] < BFLOAT16_MIN_MAJOR
+    )
+    return f"bfloat16 needs sm80+ ({flash_kernels.device_described(device)})" if too_old else None
 
 
 def backend_skip_reason(device: str, backend: str) -> str | None:
@@ -150,8 +155,14 @@ def cpu_name() -> str:
 
 
 def gpu_facts() -> list[dict[str, Any]]:
+    """Per visible GPU, what decides what it can run and what people name it by: its model,
+    compute capability, memory, and the driver and CUDA runtime it ran under (the report
+    names a column by the first two: ``H100 80GB HBM3 (sm90)``)."""
+    devices = cuda_devices()
+    # one driver serves every GPU of a machine (nvidia-smi's order need not be torch's)
+    drivers = nvidia_drivers() if devices else []
     gpus = []
-    for device in cuda_devices():
+    for device in devices:
         props = torch.cuda.get_device_properties(device)
         gpus.append(
             {
@@ -159,9 +170,19 @@ def gpu_facts() -> list[dict[str, Any]]:
                 "name": props.name,
                 "capability": f"{props.major}.{props.minor}",
                 "memory_bytes": props.total_memory,
+                "multiprocessors": props.multi_processor_count,
+                "driver": drivers[0] if drivers else None,
+                "cuda_runtime": torch.version.cuda,
             }
         )
     return gpus
+
+
+def nvidia_drivers() -> list[str]:
+    """The driver version ``nvidia-smi`` reports, one line per GPU in its order (empty
+    where it cannot run)."""
+    out = command_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    return [line.strip() for line in out.splitlines()] if out else []
 
 
 def backend_flags() -> dict[str, Any]:
@@ -207,5 +228,5 @@ def capture_environment(command: list[str]) -> Environment:
 def _nvidia_driver() -> str | None:
     if not torch.cuda.is_available():
         return None
-    out = command_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
-    return out.splitlines()[0] if out else None
+    drivers = nvidia_drivers()
+    return drivers[0] if drivers else None

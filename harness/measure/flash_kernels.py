@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from harness.measure import caches
+from harness.schema.gpus import gpu_name
 
 FLASH_ATTN_2 = "flash-attn"
 FLASH_ATTN_4 = "flash-attn-4"
@@ -84,6 +85,24 @@ def capability(device: str) -> tuple[int, int]:
     return tuple(torch.cuda.get_device_capability(device))  # type: ignore[return-value]
 
 
+def gpu_model(device: str) -> str | None:
+    """The GPU's model as people name it (``A100-SXM4-40GB``), None where torch cannot
+    say."""
+    try:
+        name = torch.cuda.get_device_name(device)
+    except (RuntimeError, AssertionError, ValueError):  # no CUDA, or no such device
+        return None
+    return gpu_name({"name": name})
+
+
+def device_described(device: str) -> str:
+    """``cuda:0 is sm80, A100-SXM4-40GB``: what a skip reason that depends on the GPU says
+    of it, so a reason read in a report of several GPUs names the one that lacked it."""
+    major, minor = capability(device)
+    model = gpu_model(device)
+    return f"{device} is sm{major}{minor}" + (f", {model}" if model else "")
+
+
 def package_for(device: str) -> FlashPackage | str:
     """The flash-attn package that runs on ``device``, or why none can."""
     if not device.startswith("cuda"):
@@ -93,11 +112,10 @@ def package_for(device: str) -> FlashPackage | str:
     if flash2:
         return FlashPackage(FLASH_ATTN_2, "flash_attn", flash2)
     if flash4:
-        major, minor = capability(device)
-        if major >= FLASH_ATTN_4_MIN_MAJOR:
+        if capability(device)[0] >= FLASH_ATTN_4_MIN_MAJOR:
             return FlashPackage(FLASH_ATTN_4, "flash_attn.cute", flash4)
         return (
-            f"flash-attn 4 needs sm90+ ({device} is sm{major}{minor}) and flash-attn 2 is "
+            f"flash-attn 4 needs sm90+ ({device_described(device)}) and flash-attn 2 is "
             "not installed"
         )
     return (
