@@ -12,6 +12,7 @@ from typing import Any, TextIO
 
 from harness.results import storage
 from harness.schema.axes import Cell
+from harness.schema.records import CellRecord
 from harness.schema.text import terminal_safe
 
 
@@ -76,7 +77,7 @@ def show_run(run_dir: Path, report_dir: Path | None) -> int:
 
     records = storage.read_records(run_dir)
     print()
-    print(render_summary(records))
+    print(render_summary(records, device_names(run_dir, records)))
     print(f"\nresults: {run_dir / storage.CELLS_FILE}")
     if report_dir:
         from harness.report.aggregate import load_run
@@ -87,6 +88,18 @@ def show_run(run_dir: Path, report_dir: Path | None) -> int:
         )
         print(f"report:  {report}")
     return report_missing(run_dir, missing_cells(run_dir, records))
+
+
+def device_names(run_dir: Path, records: Sequence[CellRecord]) -> dict[str, str]:
+    """Each device of the run's records by the name its GPU goes by (``cpu`` for the CPU),
+    from the run's ``env.json``; none where it cannot be read."""
+    from harness.schema.gpus import device_label
+
+    try:
+        gpus = storage.read_env(run_dir, problems=[]).gpus
+    except storage.ResultsError:
+        return {}
+    return {r.cell.device: device_label(gpus, r.cell.device) for r in records}
 
 
 def report_missing(run_dir: Path, missing: Sequence[Cell]) -> int:

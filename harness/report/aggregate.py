@@ -26,6 +26,7 @@ from harness.results.computed_in import ComputedIn, computed_in, fix_computed_in
 from harness.results.search import release_key
 from harness.results.speed import SpeedRatios, record_key, speed_ratios
 from harness.results.summary import failure_line
+from harness.schema import gpus
 from harness.schema.axes import (
     DTYPES,
     FORWARD_STAGE,
@@ -129,17 +130,31 @@ def shared(columns: dict[str, list[Any]]) -> dict[str, list[Any]]:
 TEXT = frozenset((str, type(None)))
 
 
-def environment_labels(frame: pd.DataFrame, show_host: bool) -> pd.Series:
-    """``torch 2.4.1 · cpu``, with `` · host`` where the runs came from several hosts."""
-    columns = (frame[name].tolist() for name in ("torch_version", "device", "hostname"))
-    places = list(zip(*columns, strict=True))
-    labels = {(v, d, h): environment_label(v, d, h, show_host) for v, d, h in set(places)}
+def environment_labels(frame: pd.DataFrame, show_host: bool | pd.Series) -> pd.Series:
+    """``torch 2.4.1 · cpu`` or ``torch 2.11.0 · H100 80GB HBM3 (sm90)``, with `` · host``
+    where ``show_host`` (one flag, or one per row: see :func:`hosts_shown`)."""
+    shown = show_host if isinstance(show_host, pd.Series) else pd.Series(show_host, frame.index)
+    devices = frame["device_label"] if "device_label" in frame else frame["device"]
+    columns = [frame["torch_version"].tolist(), devices.tolist(), frame["hostname"].tolist()]
+    places = list(zip(*columns, shown.tolist(), strict=True))
+    labels = {place: environment_label(*place) for place in set(places)}
     return pd.Series([labels[place] for place in places], index=frame.index, dtype=str)
 
 
 def environment_label(torch_version: str, device: str, hostname: str, show_host: bool) -> str:
-    label = f"torch {torch_version.split('+')[0]} · {device}"
+    """An environment column's name; ``device`` is a device label (``cpu``, or the GPU's
+    name: :func:`harness.schema.gpus.device_label`)."""
+    label = gpus.environment_label(torch_version, device)
     return f"{label} · {hostname}" if show_host else label
+
+
+def hosts_shown(frame: pd.DataFrame) -> pd.Series:
+    """Per row, whether its column names the host: where a device label (``cpu``, a GPU's
+    name) was measured on several hosts, the host tells those columns apart; an A100
+    host's and an H100 host's GPU columns are told apart by their GPUs."""
+    devices = frame["device_label"] if "device_label" in frame else frame["device"]
+    hosts = frame.groupby(devices)["hostname"].transform("nunique")
+    return hosts > 1
 
 
 #: The fields of a cell, read once: ``dataclasses.asdict`` per record costs more than
@@ -207,12 +222,20 @@ def run_columns(run: Run) -> dict[str, list[Any]]:
         return {}
     # every row has the same keys in the same order: the values, transposed
     values = zip(*(row.values() for row in rows), strict=True)
-    return dict(zip(rows[0], map(list, values), strict=True))
+    columns = dict(zip(rows[0], map(list, values), strict=True))
+    columns["device_label"] = device_labels(run)
+    return columns
+
+
+def device_labels(run: Run) -> list[str]:
+    """Per record, its device as the report names it: by the GPU the run recorded at that
+    device (``H100 80GB HBM3 (sm90)``), ``cpu`` for the CPU."""
+    named = {d: gpus.device_label(run.env.gpus, d) for d in {r.cell.device for r in run.records}}
+    return [named[record.cell.device] for record in run.records]
 
 
 def records_frame(runs: Sequence[Run]) -> pd.DataFrame:
     """One row per cell per run, with its environment label and speed ratios."""
-    show_host = len({run.env.hostname for run in runs}) > 1
     columns = [run.rows if run.rows is not None else run_columns(run) for run in runs]
     columns = [found for found in columns if found]
     if not columns:
@@ -220,11 +243,12 @@ def records_frame(runs: Sequence[Run]) -> pd.DataFrame:
     frame = pd.DataFrame(
         {name: list(chain.from_iterable(found[name] for found in columns)) for name in columns[0]}
     )
+    show_host = hosts_shown(frame)
     frame["env"] = environment_labels(frame, show_host)
     frame["base_row"] = base_row_labels(frame)
     frame["row"] = row_labels(frame)
-    # the host an environment's label names: none where every run came from one host
-    frame["host"] = frame["hostname"] if show_host else ""
+    # the host an environment's label names: none where its device label tells it apart
+    frame["host"] = frame["hostname"].where(show_host, "")
     return frame
 
 
@@ -248,7 +272,9 @@ def row_labels(frame: pd.DataFrame) -> pd.Series:
 
 def env_order(frame: pd.DataFrame) -> list[str]:
     envs = frame.drop_duplicates("env")[["env", "torch_version", "device"]]
-    ordered = sorted(envs.itertuples(), key=lambda e: (release_key(e.torch_version), e.device))
+    ordered = sorted(
+        envs.itertuples(), key=lambda e: (release_key(e.torch_version), e.device, e.env)
+    )
     return [e.env for e in ordered]
 
 

@@ -3,7 +3,7 @@
 A nightly measures the same cells in dozens of environments (torch releases x hosts x
 devices), and a cell usually has the same outcome in most of them. The report shows each
 cell once per distinct outcome, with the environments that had it named compactly
-(``torch 2.1.2-2.6.0 · cuda:0 · host-a, host-b``, with an en dash), and the numbers
+(``torch 2.1.2-2.6.0 · H100 80GB HBM3 (sm90) · host-a, host-b``, with an en dash), and the numbers
 measured there as a median with their range, so nothing measured is dropped: it is
 summarised, and where the outcome differs between environments, every variant is a row of
 its own."""
@@ -38,13 +38,20 @@ class Environment:
     host: str
 
 
+def place_device(env: Any) -> str:
+    """The device an environment is named by: its GPU's name where the frame has it
+    (``H100 80GB HBM3 (sm90)``), so an A100's and an H100's ``cuda:0`` are two places."""
+    label = getattr(env, "device_label", None)
+    return str(label) if isinstance(label, str) and label else str(env.device)
+
+
 class Environments:
     """Names sets of environments compactly, against the environments a case ran in."""
 
     def __init__(self, frame: pd.DataFrame) -> None:
         envs = frame.drop_duplicates("env") if "env" in frame else pd.DataFrame()
         self.known = {
-            e.env: Environment(e.env, e.torch_version.split("+")[0], e.device, e.host or "")
+            e.env: Environment(e.env, e.torch_version.split("+")[0], place_device(e), e.host or "")
             for e in envs.itertuples()
         }
         releases = sorted({e.release for e in self.known.values()}, key=release_key)

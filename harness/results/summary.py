@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from harness.results.computed_in import ComputedIn, computed_in, fix_computed_in
 from harness.results.speed import RecordKey, SpeedRatios, record_key, speed_ratios
@@ -17,6 +17,7 @@ from harness.schema.axes import (
     STAGES,
     rank,
 )
+from harness.schema.gpus import environment_label
 from harness.schema.records import LABELS, CellRecord, NoteKind, Outcome, outcome_label
 
 SPEED_LEGEND = (
@@ -32,9 +33,16 @@ LEGEND = "; ".join(
 MODES_LEGEND = "modes: " + "; ".join(f"{m.name} = {m.meaning}" for m in MODES.values())
 
 
-def column_key(record: CellRecord, show_device: bool) -> tuple[str, ...]:
+#: A device's name in a summary (``cuda:0`` -> ``H100 80GB HBM3 (sm90)``), by device.
+DeviceNames = Mapping[str, str]
+
+
+def column_key(
+    record: CellRecord, show_device: bool, names: DeviceNames | None = None
+) -> tuple[str, ...]:
     column = record.cell.column
-    return ((column.device,) if show_device else ()) + (column.dtype, column.mode)
+    device = (names or {}).get(column.device, column.device)
+    return ((device,) if show_device else ()) + (column.dtype, column.mode)
 
 
 def column_order(key: tuple[str, ...]) -> tuple[object, ...]:
@@ -55,15 +63,21 @@ def row_order(records: Sequence[CellRecord], show_backend: bool) -> list[str]:
 CellText = Callable[[CellRecord], str | None]
 
 
-def case_table(records: Sequence[CellRecord], text: CellText = outcome_label) -> list[str]:
-    """Rows of one case's table: ``text`` of each record that has one (skipped left out)."""
+def case_table(
+    records: Sequence[CellRecord],
+    text: CellText = outcome_label,
+    names: DeviceNames | None = None,
+) -> list[str]:
+    """Rows of one case's table: ``text`` of each record that has one (skipped left out);
+    a column of a device is headed by its name in ``names`` where it has one."""
     ran = [r for r in records if r.outcome is not Outcome.SKIPPED and text(r) is not None]
     if not ran:
         return []
     show_device = len({r.cell.device for r in ran}) > 1
     show_backend = len({r.cell.backend for r in ran}) > 1
-    columns = sorted({column_key(r, show_device) for r in ran}, key=column_order)
-    grid = {(row_key(r, show_backend), column_key(r, show_device)): str(text(r)) for r in ran}
+    keys = {id(r): column_key(r, show_device, names) for r in ran}
+    columns = sorted(set(keys.values()), key=column_order)
+    grid = {(row_key(r, show_backend), keys[id(r)]): str(text(r)) for r in ran}
     rows = [["fix", *("/".join(c) for c in columns)]]
     rows += [
         [row, *(grid.get((row, c), "-") for c in columns)] for row in row_order(ran, show_backend)
@@ -222,9 +236,22 @@ def table_heading(case: str, size: str, stage: str, sized: bool, staged: bool) -
     return f"{case}  ({', '.join(facets)})" if facets else case
 
 
-def render_summary(records: Sequence[CellRecord]) -> str:
-    """The whole summary: tables per case (outcomes, then speed), counts, skip reasons."""
-    lines: list[str] = []
+def device_line(records: Sequence[CellRecord], names: DeviceNames) -> str:
+    """``ran on: torch 2.11.0 · H100 80GB HBM3 (sm90); torch 2.11.0 · cpu``: what each
+    device of the run was, as a report's columns name it."""
+    ran = (r for r in records if r.outcome is not Outcome.SKIPPED)
+    places = dict.fromkeys((r.torch_version, r.cell.device) for r in ran)
+    return "ran on: " + "; ".join(
+        environment_label(version, names.get(device, device)) for version, device in places
+    )
+
+
+def render_summary(records: Sequence[CellRecord], names: DeviceNames | None = None) -> str:
+    """The whole summary: tables per case (outcomes, then speed), counts, skip reasons;
+    given the run's device ``names`` (its GPUs), a first line naming them and columns
+    headed by them."""
+    ran = any(r.outcome is not Outcome.SKIPPED for r in records)
+    lines: list[str] = [device_line(records, names), ""] if names and ran else []
     by_speed = speed_text(speed_ratios(records))
     sized = any(r.cell.size != SMALL_SIZE for r in records)
     staged = any(r.cell.stage != FORWARD_STAGE for r in records)
@@ -235,9 +262,10 @@ def render_summary(records: Sequence[CellRecord]) -> str:
         ]
         precision = precision_line(mine)
         heading = table_heading(case, size, stage, sized, staged)
-        lines += [heading, *("  " + row for row in case_table(mine)), *detail_lines(mine)]
+        table = case_table(mine, names=names)
+        lines += [heading, *("  " + row for row in table), *detail_lines(mine)]
         lines += [precision, ""] if precision else [""]
-        speed = case_table(mine, by_speed)
+        speed = case_table(mine, by_speed, names)
         if speed:
             lines += ["  time per call" + SPEED_LEGEND, *("  " + row for row in speed)]
             on_cpu = any(r.perf and r.cell.device == "cpu" for r in mine)
