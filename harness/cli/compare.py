@@ -19,8 +19,10 @@ if TYPE_CHECKING:  # imported when used: it brings in pandas
 
 HELP = (
     "outcome and speed changes from BASE to HEAD (two runs, or two results folders: "
-    "then each torch version's newest run is compared with the same version's); exits 1 "
-    "on a regression, 3 when HEAD has no record of cells BASE has"
+    "then each environment's newest run, by torch version, host and GPUs, is compared with "
+    "the same environment's; to compare across GPUs, give two run folders); speed is "
+    "judged against the pair's machine factor and spread, per device; exits 1 on a "
+    "regression, 3 when HEAD has no record of cells BASE has"
 )
 
 #: The exit code of a regression.
@@ -37,7 +39,10 @@ def fill(compare: argparse.ArgumentParser) -> None:
         "--min-ratio",
         type=ratio_above_one,
         default=MIN_RATIO,
-        help=f"smallest speed ratio that counts (default {MIN_RATIO})",
+        help=(
+            f"smallest speed ratio, over the device's machine factor, that counts "
+            f"(default {MIN_RATIO})"
+        ),
     )
     compare.add_argument(
         "--alpha",
@@ -66,7 +71,8 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if not pairing.pairs and not any(m.cells for m in missing):
         print(
             f"ampmatrix: no run of {args.head} has a run of the same environment (torch "
-            f"release, host and GPUs) in {args.base}: nothing to compare",
+            f"release, host and GPUs) in {args.base}: nothing to compare (runs of other "
+            "GPUs compare when given as two run folders)",
             file=sys.stderr,
         )
         return 0

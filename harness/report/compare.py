@@ -1,26 +1,58 @@
 """``compare BASE HEAD``: what changed between two runs, cell by cell.
 
 Outcome changes: a cell that passed and now does not is a regression; one that now passes
-is an improvement; anything else (a skip, another error) is a change. Speed changes are
-judged on the raw samples, as asv and nvbench do: a difference counts only when it is both
-larger than a minimum ratio and significant by a Mann-Whitney U test; a large difference
-that the test cannot confirm is reported as ambiguous.
+is an improvement; anything else (a skip, another error) is a change.
+
+Speed changes are judged against the run-to-run noise of this pair of runs, not only
+across samples. The samples of one run share that run's machine state: two back-to-back
+runs of the same code on one CPU differed by up to 1.58x with p down to 4e-9, and beside a
+busy core every cell of the second run, the fp32 control's among them, was about 2x
+slower. A test across the samples of two runs cannot tell a slower fix from a busier
+machine; what can is that a busier machine slows every cell of a device alike. So, per
+device:
+
+* the **machine factor** is the median head/base time ratio of every cell timed in both
+  runs (the median of all cells rather than the fp32 controls': a case has one control per
+  column, a run many cells, and a median stands as long as fewer than half of them
+  changed); each cell's ratio is divided by it, so a uniformly slower machine changes
+  nothing;
+* the **spread** is the interquartile range of those normalised ratios (in log scale, so
+  2x and 0.5x are as far from 1); a cell's change counts only beyond Tukey's far-out fence,
+  three interquartile ranges past the quartiles, and beyond ``min_ratio``;
+* a cell's own samples have a spread too: a change counts only beyond (1 + IQR / median)
+  of its samples in each run, multiplied (beside a busy core, a few cells' samples spread
+  over up to 3.5x their median while the rest moved with the machine);
+* a cell whose timing did not settle in either run (the timer flagged it noisy: its IQR
+  stayed above 3% of its median) has no speed verdict: on a machine whose load came and
+  went, such cells were measured 26-30x slower with their samples spread over 40x, while
+  the rest moved 2x with the machine;
+* a change past ``min_ratio`` but within any of these noises is ``ambiguous``, as is one
+  the Mann-Whitney U test on the normalised samples cannot confirm (asv and nvbench judge
+  samples the same way);
+* a device with fewer than ``MIN_CELLS_FOR_FACTOR`` cells timed in both runs has no factor
+  to take: a change there cannot be told from the machine's and is ``ambiguous``.
+
+What this cannot see: a change that slows most cells of a device alike (a torch release
+that slows every kernel) reads as the machine's factor; ``compare`` prints the factor and
+spread it used per device, so a factor far from 1 on a quiet machine is there to read.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from harness.report.aggregate import Run
 from harness.results import storage
-from harness.results.speed import ALPHA, MIN_RATIO
+from harness.results.speed import ALPHA, MIN_CELLS_FOR_FACTOR, MIN_RATIO, NOISE_FENCE
 from harness.results.summary import format_rows
 from harness.schema.axes import Cell
+from harness.schema.gpus import device_label, gpus_text
 from harness.schema.records import CellRecord, Outcome, outcome_label
 from harness.schema.run_files import Environment
+from harness.schema.stats import quartiles
 
 NOT_OK = (Outcome.RAISES, Outcome.INACCURATE, Outcome.CRASHED, Outcome.TIMEOUT)
 #: How many missing cells a message names before "... and K more".
@@ -37,12 +69,44 @@ class Change:
 
 
 @dataclass(frozen=True)
+class SpeedNoise:
+    """How one device's speed changes were judged: its machine factor (the median head/base
+    ratio of its ``cells`` timed in both runs; None with too few cells to take one) and the
+    quartiles of the ratios once divided by it. A change counts beyond ``bounds``."""
+
+    device: str
+    cells: int
+    factor: float | None
+    spread: tuple[float, float] = (1.0, 1.0)
+    bounds: tuple[float, float] = (0.0, math.inf)
+
+    def describe(self) -> str:
+        if self.factor is None:
+            return (
+                f"speed on {self.device}: no machine factor ({self.cells} cells timed in both "
+                f"runs, {MIN_CELLS_FOR_FACTOR} needed): a speed change is ambiguous"
+            )
+        low, high = self.spread
+        return (
+            f"speed on {self.device} judged against this pair's machine factor "
+            f"{self.factor:.2f}x (median of {self.cells} cells; spread {low:.2f}-{high:.2f}): "
+            f"a change counts beyond {self.bounds[0]:.2f}-{self.bounds[1]:.2f}x of it, "
+            "beyond the spread of the cell's own samples, and where its timing settled"
+        )
+
+
+@dataclass(frozen=True)
 class Comparison:
     base: str
     head: str
     changes: list[Change]
     only_in_base: list[Cell]
     only_in_head: list[Cell]
+    #: Per device, the noise speed was judged against.
+    noise: list[SpeedNoise] = field(default_factory=list)
+    #: Where each run ran: ``torch 2.11.0 · H100 80GB HBM3 (sm90) on host-a``.
+    base_where: str = ""
+    head_where: str = ""
 
     @property
     def regressions(self) -> list[Change]:
@@ -93,30 +157,116 @@ def clean_pass(record: CellRecord) -> bool:
 
 
 def speed_change(
-    base: CellRecord, head: CellRecord, min_ratio: float = MIN_RATIO, alpha: float = ALPHA
+    base: CellRecord,
+    head: CellRecord,
+    min_ratio: float = MIN_RATIO,
+    alpha: float = ALPHA,
+    noise: SpeedNoise | None = None,
 ) -> Change | None:
-    if base.perf is None or head.perf is None:
+    """A cell's speed change beyond ``min_ratio``, judged against ``noise`` (its device's
+    machine factor and spread; None: taken at face value, as one pair of cells)."""
+    ratio = time_ratio(base, head)
+    if ratio is None:
         return None
-    if not (is_time(base.perf.time_median_s) and is_time(head.perf.time_median_s)):
-        return None  # a damaged or hand-made record: no speed to compare
-    ratio = head.perf.time_median_s / base.perf.time_median_s
-    if 1 / min_ratio < ratio < min_ratio:
+    factor = 1.0 if noise is None or noise.factor is None else noise.factor
+    normalised = ratio / factor
+    if 1 / min_ratio < normalised < min_ratio:
         return None
-    from scipy.stats import mannwhitneyu  # a second or so to import: only for a large change
-
-    p_value = float(
-        mannwhitneyu(
-            base.perf.time_samples, head.perf.time_samples, alternative="two-sided"
-        ).pvalue
+    p_value = mann_whitney(base, head, factor)
+    unsettled = noise is not None and not settled(base, head)
+    beyond_noise = noise is None or (
+        noise.factor is not None
+        and not unsettled
+        and beyond(normalised, noise.bounds, own_spread(base, head))
     )
-    significant = p_value < alpha
-    verdict = ("regression" if ratio > 1 else "improvement") if significant else "ambiguous"
+    if beyond_noise and p_value < alpha:
+        verdict = "regression" if normalised > 1 else "improvement"
+    else:
+        verdict = "ambiguous"
+    assert base.perf is not None and head.perf is not None
+    after = f"{ratio:.2f}x" + (f", {normalised:.2f}x of the machine's" if factor != 1.0 else "")
+    after += f", p={p_value:.2g}" + (", did not settle" if unsettled else "")
     return Change(
         head.cell,
         "speed",
         f"{base.perf.time_median_s * 1e3:.4g} ms",
-        f"{head.perf.time_median_s * 1e3:.4g} ms ({ratio:.2f}x, p={p_value:.2g})",
+        f"{head.perf.time_median_s * 1e3:.4g} ms ({after})",
         verdict,
+    )
+
+
+def settled(base: CellRecord, head: CellRecord) -> bool:
+    """Whether the cell's timing settled in both runs: the timer flags a cell whose IQR
+    stayed above its threshold (3% of the median) noisy, and a noisy cell's median moves
+    with the machine's load, not only with the code."""
+    return not any(r.perf is not None and r.perf.time_noisy for r in (base, head))
+
+
+def own_spread(base: CellRecord, head: CellRecord) -> float:
+    """The ratio a cell's own samples leave open: (1 + IQR / median) of each run's
+    samples, multiplied. A cell whose samples in one run spread over twice their median
+    (a thread descheduled now and then beside a busy core) cannot show a 2x change."""
+    spread = 1.0
+    for record in (base, head):
+        perf = record.perf
+        if perf is not None and is_time(perf.time_median_s) and perf.time_iqr_s >= 0:
+            spread *= 1 + perf.time_iqr_s / perf.time_median_s
+    return spread
+
+
+def beyond(ratio: float, bounds: tuple[float, float], spread: float) -> bool:
+    """A normalised ratio outside the device's bounds and outside the cell's own spread."""
+    return ratio > max(bounds[1], spread) or ratio < min(bounds[0], 1 / spread)
+
+
+def time_ratio(base: CellRecord, head: CellRecord) -> float | None:
+    """HEAD's median time over BASE's; None where either has no usable time."""
+    if base.perf is None or head.perf is None:
+        return None
+    if not (is_time(base.perf.time_median_s) and is_time(head.perf.time_median_s)):
+        return None  # a damaged or hand-made record: no speed to compare
+    return head.perf.time_median_s / base.perf.time_median_s
+
+
+def mann_whitney(base: CellRecord, head: CellRecord, factor: float) -> float:
+    """The two-sided Mann-Whitney U test's p-value of BASE's samples against HEAD's
+    divided by the machine factor."""
+    from scipy.stats import mannwhitneyu  # a second or so to import: only for a large change
+
+    assert base.perf is not None and head.perf is not None
+    scaled = [sample / factor for sample in head.perf.time_samples]
+    return float(mannwhitneyu(base.perf.time_samples, scaled, alternative="two-sided").pvalue)
+
+
+def speed_noise(
+    pairs: Sequence[tuple[CellRecord, CellRecord]], min_ratio: float = MIN_RATIO
+) -> dict[str, SpeedNoise]:
+    """Per device, the noise of this pair of runs (see the module's docstring), from the
+    (base, head) records of every cell both runs have."""
+    ratios: dict[str, list[float]] = {}
+    for base, head in pairs:
+        ratio = time_ratio(base, head)
+        if ratio is not None:
+            ratios.setdefault(head.cell.device, []).append(ratio)
+    return {device: device_noise(device, found, min_ratio) for device, found in ratios.items()}
+
+
+def device_noise(device: str, ratios: Sequence[float], min_ratio: float) -> SpeedNoise:
+    """One device's machine factor, spread and the bounds a change must pass: Tukey's
+    far-out fence in log scale, never inside ``min_ratio``."""
+    if len(ratios) < MIN_CELLS_FOR_FACTOR:
+        return SpeedNoise(device, len(ratios), None)
+    logs = [math.log(r) for r in ratios]
+    _, centre, _ = quartiles(logs)
+    q1, _, q3 = quartiles([value - centre for value in logs])
+    reach = NOISE_FENCE * (q3 - q1)
+    low, high = math.exp(q1 - reach), math.exp(q3 + reach)
+    return SpeedNoise(
+        device,
+        len(ratios),
+        math.exp(centre),
+        (math.exp(q1), math.exp(q3)),
+        (min(low, 1 / min_ratio), max(high, min_ratio)),
     )
 
 
@@ -130,15 +280,17 @@ def compare_runs(
 ) -> Comparison:
     base_cells = {r.cell: r for r in base.records}
     head_cells = {r.cell: r for r in head.records}
+    both = sorted(base_cells.keys() & head_cells.keys())
+    noise = speed_noise([(base_cells[cell], head_cells[cell]) for cell in both], min_ratio)
     changes = []
-    for cell in sorted(base_cells.keys() & head_cells.keys()):
+    for cell in both:
         before, after = base_cells[cell], head_cells[cell]
         verdict = outcome_verdict(before, after)
         if verdict:
             changes.append(
                 Change(cell, "outcome", outcome_label(before), outcome_label(after), verdict)
             )
-        speed = speed_change(before, after, min_ratio, alpha)
+        speed = speed_change(before, after, min_ratio, alpha, noise.get(cell.device))
         if speed:
             changes.append(speed)
     return Comparison(
@@ -147,7 +299,28 @@ def compare_runs(
         changes,
         only_in_base=sorted(base_cells.keys() - head_cells.keys()),
         only_in_head=sorted(head_cells.keys() - base_cells.keys()),
+        noise=[
+            replace(noise[device], device=device_pair(base.env, head.env, device))
+            for device in sorted(noise)
+        ],
+        base_where=run_where(base.env),
+        head_where=run_where(head.env),
     )
+
+
+def device_pair(base: Environment, head: Environment, device: str) -> str:
+    """A device as both runs name it: ``H100 80GB HBM3 (sm90)``, or
+    ``A100-SXM4-40GB (sm80) -> H100 80GB HBM3 (sm90)`` where their GPUs differ."""
+    before, after = device_label(base.gpus, device), device_label(head.gpus, device)
+    return after if before == after else f"{before} -> {after}"
+
+
+def run_where(env: Environment) -> str:
+    """``torch 2.11.0 · H100 80GB HBM3 (sm90) on host-a``: the release, GPUs and host of a
+    run, as a comparison's header names each side."""
+    release = str(env.torch_version or "?").split("+")[0]
+    gpus = gpus_text(env.gpus)
+    return f"torch {release} · {'cpu' if gpus == 'no GPU' else gpus} on {env.hostname or '?'}"
 
 
 def is_run_dir(path: Path) -> bool:
@@ -168,13 +341,14 @@ class Pairing:
 
 
 def environment_key(env: Environment) -> EnvironmentKey:
-    """What makes two runs comparable: the torch release and the machine (host and GPUs)."""
-    names = ",".join(str(gpu.get("name", gpu)) for gpu in env.gpus or [])
-    return (str(env.torch_version), str(env.hostname), names or "no GPU")
+    """What makes two runs comparable: the torch release and the machine (host and GPUs,
+    each named by model and capability)."""
+    return (str(env.torch_version), str(env.hostname), gpus_text(env.gpus))
 
 
 def describe_key(key: EnvironmentKey) -> str:
-    return f"torch {key[0]} on {key[1]} ({key[2]})"
+    """``torch 2.11.0 · H100 80GB HBM3 (sm90) on host-a``."""
+    return f"torch {key[0]} · {key[2]} on {key[1]}"
 
 
 def runs_by_environment(root: Path, left_out: list[str]) -> dict[EnvironmentKey, Path]:
@@ -226,6 +400,9 @@ def pair_runs(base: Path, head: Path) -> Pairing:
 def render_comparison(comparison: Comparison) -> str:
     """The terminal table of a comparison."""
     lines = [f"compare {comparison.base} -> {comparison.head}"]
+    if comparison.base_where or comparison.head_where:
+        lines += [f"  base: {comparison.base_where}", f"  head: {comparison.head_where}"]
+    lines += [f"  {noise.describe()}" for noise in comparison.noise]
     if comparison.changes:
         rows = [["cell", "what", "base", "head", "verdict"]]
         rows += [
@@ -240,7 +417,7 @@ def render_comparison(comparison: Comparison) -> str:
         ]
         lines += ["  " + row for row in format_rows(rows)]
     else:
-        lines.append("  no outcome changes and no significant speed changes")
+        lines.append("  no outcome changes and no speed changes beyond the noise")
     for label, cells in (
         ("only in base", comparison.only_in_base),
         ("only in head", comparison.only_in_head),

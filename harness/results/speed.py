@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from harness.schema.axes import CONTROL_FIX, CONTROL_MODE
+from harness.schema.axes import CONTROL_FIX, CONTROL_MODE, Cell, Column
 from harness.schema.records import CellRecord, Outcome
-from harness.schema.axes import Cell, Column
 from harness.schema.stats import quartiles
 
 #: Medians closer than this ratio are within run-to-run noise: a tie. On a shared 2-core VM
@@ -20,6 +19,12 @@ TIE_RATIO = 1.10
 #: ``compare``: a speed change counts when beyond this ratio and significant at ALPHA.
 MIN_RATIO = 1.10
 ALPHA = 0.05
+#: ``compare``: a cell's ratio, over its device's machine factor, counts only beyond this
+#: many interquartile ranges of all cells' ratios past the quartiles (Tukey's "far out").
+NOISE_FENCE = 3.0
+#: ``compare``: the fewest cells timed in both runs of a device that a machine factor is
+#: taken from; with fewer, a cell's change cannot be told from the machine's.
+MIN_CELLS_FOR_FACTOR = 5
 
 
 @dataclass(frozen=True)
