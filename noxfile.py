@@ -16,7 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -511,3 +511,80 @@ def lint_workflows(session: nox.Session) -> None:
     workflows = sorted(str(path) for path in WORKFLOWS.glob("*.yml"))
     session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows)
     session.run("zizmor", "--offline", str(WORKFLOWS))
+
+
+#: The GPU acceptance script (``benchmarks/gpu_acceptance.py``), which says whether an
+#: interpreter has every package it needs (``--ready``).
+ACCEPTANCE = "benchmarks/gpu_acceptance.py"
+
+
+@nox.session(name="gpu-acceptance", python=False)
+def gpu_acceptance(session: nox.Session) -> None:
+    """`nox -s gpu-acceptance -- [--out DIR] [options]`: everything only a GPU can show, in
+    one command, with PASS/MISS against each target in one Markdown file (see
+    benchmarks/gpu_acceptance.py). Run by an interpreter here that already has what it
+    needs, installing nothing; only where none has, the tests' environment is installed."""
+    if not gpus_listed():
+        session.error(
+            "gpu-acceptance: no CUDA device visible (nvidia-smi lists none): nothing to accept "
+            "on this machine"
+        )
+    python = ready_interpreter(acceptance_interpreters(), acceptance_ready)
+    if python is None:
+        session.log("no interpreter here has what the acceptance needs: installing `tests`")
+        session.run(sys.executable, "-m", "nox", "-s", "tests", "--install-only", external=True)
+        python = str(Path(".nox") / "tests" / "bin" / "python")
+    else:
+        session.log(f"{python} has every package the acceptance needs: nothing installed")
+    session.run(python, ACCEPTANCE, *session.posargs, external=True, env=project_path())
+
+
+def gpus_listed() -> bool:
+    """Whether nvidia-smi lists a GPU (``GPU 0: ...``)."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return any(line.startswith("GPU ") for line in out.splitlines())
+
+
+def acceptance_interpreters() -> list[str]:
+    """Interpreters that may already have what the acceptance needs, in the order tried:
+    AMPMATRIX_PYTHON, python3 and python on PATH, nox's own, the tests' environment."""
+    tests_python = Path(".nox") / "tests" / "bin" / "python"
+    names = [
+        os.environ.get("AMPMATRIX_PYTHON"),
+        shutil.which("python3"),
+        shutil.which("python"),
+        sys.executable,
+        str(tests_python) if tests_python.exists() else None,
+    ]
+    return list(dict.fromkeys(name for name in names if name))
+
+
+def ready_interpreter(candidates: list[str], ready: Callable[[str], bool]) -> str | None:
+    """The first interpreter that has every package the acceptance needs, or None."""
+    return next((python for python in candidates if ready(python)), None)
+
+
+def acceptance_ready(python: str) -> bool:
+    """``python ACCEPTANCE --ready``: it finds every package it needs (without importing
+    torch, so a second or two per interpreter)."""
+    try:
+        done = subprocess.run(
+            [python, str(Path(__file__).resolve().parent / ACCEPTANCE), "--ready"],
+            capture_output=True,
+            timeout=120,
+            env={**os.environ, **project_path()},
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
+def project_path() -> dict[str, str]:
+    """PYTHONPATH with this checkout first: the project runs as it is, installed or not."""
+    root = str(Path(__file__).resolve().parent)
+    return {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
