@@ -6,6 +6,8 @@ are the stored CPU run with its cells moved to ``cuda:0`` and an ``env.json`` pe
 from __future__ import annotations
 
 import dataclasses
+import json
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -199,14 +201,29 @@ def test_compare_of_two_runs_that_differ_only_in_gpu_names_both_and_lists_what_d
 def test_results_folders_of_two_gpus_pair_by_gpu_and_say_which_had_no_partner(
     a100_h100: tuple[Path, Path],
 ) -> None:
-    """Folders pair runs of the same release, host and GPUs; across GPUs, two run folders
-    are compared explicitly (as the test above does)."""
+    """Folders pair runs of the same release and GPUs (whichever host of a runner pool ran
+    them); across GPUs, two run folders are compared explicitly (as the test above does)."""
     a100, h100 = a100_h100
     pairing = pair_runs(a100.parent, h100.parent)
     assert pairing.pairs == []
     assert pairing.unpaired_bases == [a100]
-    assert any(f"torch 2.13.0+cpu · {A100_NAME} on runner-a100" in line
+    assert any(f"no run of torch 2.13.0+cpu · {A100_NAME} in" in line
                for line in pairing.left_out)  # fmt: skip
+
+
+def test_runs_of_one_gpu_kind_pair_whichever_host_ran_them(
+    a100_h100: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A nightly's GPU jobs land on any runner of their kind: last night's A100 run on
+    one host pairs with tonight's on another."""
+    a100, _ = a100_h100
+    tonight = tmp_path / "tonight"
+    moved = tonight / a100.name
+    shutil.copytree(a100, moved)
+    env = json.loads((moved / "env.json").read_text())
+    env["hostname"] = "runner-a100-2"
+    (moved / "env.json").write_text(json.dumps(env))
+    assert pair_runs(a100.parent, tonight).pairs == [(a100, moved)]
 
 
 def test_the_terminal_summary_names_the_gpu(a100_h100: tuple[Path, Path]) -> None:

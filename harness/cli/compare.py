@@ -19,7 +19,8 @@ if TYPE_CHECKING:  # imported when used: it brings in pandas
 
 HELP = (
     "outcome and speed changes from BASE to HEAD (two runs, or two results folders: "
-    "then each environment's newest run, by torch version, host and GPUs, is compared with "
+    "then each environment's newest run, by torch version and GPUs (a host without a GPU by "
+    "its name), is compared with "
     "the same environment's; to compare across GPUs, give two run folders); speed is "
     "judged against the pair's machine factor and spread, per device; exits 1 on a "
     "regression, 3 when HEAD has no record of cells BASE has"
@@ -71,8 +72,8 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if not pairing.pairs and not any(m.cells for m in missing):
         print(
             f"ampmatrix: no run of {args.head} has a run of the same environment (torch "
-            f"release, host and GPUs) in {args.base}: nothing to compare (runs of other "
-            "GPUs compare when given as two run folders)",
+            f"release and GPUs, or host without one) in {args.base}: nothing to compare "
+            "(runs of other GPUs compare when given as two run folders)",
             file=sys.stderr,
         )
         return 0

@@ -341,14 +341,16 @@ class Pairing:
 
 
 def environment_key(env: Environment) -> EnvironmentKey:
-    """What makes two runs comparable: the torch release and the machine (host and GPUs,
-    each named by model and capability)."""
-    return (str(env.torch_version), str(env.hostname), gpus_text(env.gpus))
+    """What makes two runs comparable: the torch release and the machine: its GPUs, each
+    named by model and capability, where it has any (a pool of self-hosted runners of one
+    GPU kind is one environment, whichever host took tonight's job), else its host."""
+    gpus = gpus_text(env.gpus)
+    return (str(env.torch_version), "" if env.gpus else str(env.hostname), gpus)
 
 
 def describe_key(key: EnvironmentKey) -> str:
-    """``torch 2.11.0 · H100 80GB HBM3 (sm90) on host-a``."""
-    return f"torch {key[0]} · {key[2]} on {key[1]}"
+    """``torch 2.11.0 · H100 80GB HBM3 (sm90)``, or ``torch 2.13.0 · no GPU on host-a``."""
+    return f"torch {key[0]} · {key[2]}" + (f" on {key[1]}" if key[1] else "")
 
 
 def runs_by_environment(root: Path, left_out: list[str]) -> dict[EnvironmentKey, Path]:
