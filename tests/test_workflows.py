@@ -201,10 +201,10 @@ def linter(name: str) -> str | None:
     ],
 )
 def test_the_workflow_linters_find_nothing(command: list[str]) -> None:
-    """What ``nox -s lint`` runs (the lint extra installs both)."""
+    """What ``nox -s lint`` runs (the lint and test extras install both)."""
     found = linter(command[0])
     if found is None:
-        pytest.skip(f"{command[0]} is not installed here (the lint extra has it)")
+        pytest.skip(f"{command[0]} is not installed here (the lint and test extras have it)")
     targets = map(str, WORKFLOWS) if command[0] == "check-jsonschema" else [".github/workflows"]
     result = subprocess.run(
         [found, *command[1:], *targets], cwd=ROOT, capture_output=True, text=True
