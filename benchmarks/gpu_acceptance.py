@@ -171,7 +171,9 @@ class Context:
     python: str = sys.executable
     deadline: float = float("inf")
     matrix_run: Path | None = None
-    check_seconds: float | None = None
+    #: ``check``'s seconds a model on ``cuda`` (the check-vs-plain step's), for the cost
+    #: of the CUDA starts.
+    check_model_s: float | None = None
     importable: Callable[[str], bool] = lambda name: importlib.util.find_spec(name) is not None
 
     @property
@@ -519,11 +521,11 @@ def check_figures(step: str, got: Mapping[str, Any]) -> list[Figure]:
 
 
 def cuda_start_figures(
-    step: str, log: str, batches: int, start_s: float, check_s: float | None
+    step: str, log: str, batches: int, start_s: float, model_s: float | None
 ) -> list[Figure]:
     """From the start-up log (``pid forked seconds`` per CUDA start): the starts in forked
     processes (cells and references) per batch, and what starts beyond one per batch cost,
-    beside ``check``'s time for the 14 models where it was measured."""
+    beside what ``check`` took a model where that was measured (``model_s``)."""
     starts = [line.split() for line in log.splitlines() if line.strip()]
     if not starts:
         raise CommandFailed("no CUDA start was counted: the counting hook did not load")
@@ -541,11 +543,10 @@ def cuda_start_figures(
             Verdict.PASS if forked <= batches else Verdict.MISS,
         )
     ]
-    cost = f"{extra / batches * start_s:.2f} s a batch ({start_s:.2f} s a start)"
-    if check_s:
-        cost += (
-            f"; for 14 models {14 * extra / batches * start_s:.1f} s of check's {check_s:.1f} s"
-        )
+    extra_s = extra / batches * start_s
+    cost = f"{extra_s:.2f} s a batch ({start_s:.2f} s a start)"
+    if model_s:
+        cost += f": {extra_s / model_s:.0%} of check's {model_s:.2f} s a model"
     figures.append(Figure(step, "cost of the extra starts", cost))
     return figures
 
@@ -642,7 +643,7 @@ def check_step(ctx: Context) -> list[Figure]:
     if ctx.options.models:
         args += ["--models", str(ctx.options.models)]
     got = ctx.probe("check-vs-plain", *args)
-    ctx.check_seconds = got["check_s"] * 14 / len(got["models"])
+    ctx.check_model_s = got["check_s"] / len(got["models"])
     return check_figures("check-vs-plain", got)
 
 
@@ -702,7 +703,7 @@ def cuda_starts_step(ctx: Context) -> list[Figure]:
             f"{named_cells(broken)}: {broken[0].error_type}: {broken[0].error_message}"
         )
     return cuda_start_figures(
-        "cuda-starts", log.read_text(), len(START_MODELS), start_s, ctx.check_seconds
+        "cuda-starts", log.read_text(), len(START_MODELS), start_s, ctx.check_model_s
     )
 
 

@@ -399,10 +399,10 @@ def test_check_against_the_plain_script_and_its_cells() -> None:
 
 def test_two_cuda_starts_a_batch_are_a_miss_with_their_cost() -> None:
     log = "".join(f"{pid} 1 0.31\n" for pid in range(6)) + "99 0 0.0003\n"
-    per_batch, cost = ga.cuda_start_figures("starts", log, 3, 0.5, 90.0)
+    per_batch, cost = ga.cuda_start_figures("starts", log, 3, 0.5, 6.4)
     assert per_batch.verdict == ga.Verdict.MISS
     assert per_batch.value.startswith("2 (6 in forked processes for 3 models of one batch each; 1")
-    assert cost.value == "0.50 s a batch (0.50 s a start); for 14 models 7.0 s of check's 90.0 s"
+    assert cost.value == "0.50 s a batch (0.50 s a start): 8% of check's 6.40 s a model"
     once = "".join(f"{pid} 1 0.31\n" for pid in range(3))
     assert ga.cuda_start_figures("starts", once, 3, 0.5, None)[0].verdict == ga.Verdict.PASS
     with pytest.raises(ga.CommandFailed, match="no CUDA start was counted"):
