@@ -965,15 +965,34 @@ def parse_options(argv: Sequence[str] | None) -> Options:
         prog="gpu-acceptance", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
-    parser.add_argument("--out", type=Path, default=Path("results") / f"gpu-acceptance-{stamp}")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("results") / f"gpu-acceptance-{stamp}",
+        metavar="DIR",
+        help="where the Markdown, the runs and the logs go (default results/gpu-acceptance-TIME)",
+    )
     parser.add_argument(
         "--case", action="append", default=[], help="only this case (matrix, stages)"
     )
-    parser.add_argument("--rounds", type=int, default=3, help="check-vs-plain rounds")
-    parser.add_argument("--models", type=int, default=None, help="check only the first N models")
-    parser.add_argument("--tests", action="append", default=[], help="only these tests")
-    parser.add_argument("--skip", action="append", default=[], choices=[s.name for s in STEPS])
-    parser.add_argument("--time-budget", type=float, default=None, help="per timed cell (s)")
+    parser.add_argument("--rounds", type=int, default=3, metavar="N", help="check-vs-plain rounds")
+    parser.add_argument(
+        "--models", type=int, default=None, metavar="N", help="check only the first N models"
+    )
+    parser.add_argument(
+        "--tests", action="append", default=[], metavar="PATH", help="only these tests"
+    )
+    parser.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        choices=[s.name for s in STEPS],
+        metavar="STEP",
+        help="leave a step out: " + ", ".join(s.name for s in STEPS),
+    )
+    parser.add_argument(
+        "--time-budget", type=float, default=None, metavar="S", help="per timed cell"
+    )
     parser.add_argument(
         "--ready", action="store_true", help="only say whether this interpreter has what it needs"
     )

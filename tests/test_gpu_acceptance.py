@@ -570,3 +570,18 @@ def test_an_interpreter_is_ready_when_the_script_finds_every_package(nf: ModuleT
     assert not nf.acceptance_ready(str(ROOT / "no-such-python"))
     assert nf.ready_interpreter(["a", "b", "c"], lambda p: p != "a") == "b"
     assert nf.ready_interpreter(["a"], lambda p: False) is None
+
+
+def test_options_narrow_the_session_and_an_unknown_step_is_refused(tmp_path, capsys) -> None:
+    options = ga.parse_options(
+        ["--out", str(tmp_path), "--case", "var-normalize-promotion", "--skip", "tests",
+         "--models", "3", "--rounds", "1", "--tests", "tests/test_flash_kernels.py"]
+    )  # fmt: skip
+    assert options == ga.Options(
+        out=tmp_path, cases=("var-normalize-promotion",), rounds=1, models=3,
+        tests=("tests/test_flash_kernels.py",), skip=frozenset({"tests"}),
+    )  # fmt: skip
+    with pytest.raises(SystemExit) as refused:
+        ga.parse_options(["--skip", "benchmarks"])
+    assert refused.value.code == 2
+    assert "invalid choice: 'benchmarks'" in capsys.readouterr().err
