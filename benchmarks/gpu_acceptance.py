@@ -57,6 +57,7 @@ for _path in (str(ROOT), str(HERE)):
         sys.path.insert(0, _path)
 
 from harness.results import storage  # noqa: E402
+from harness.schema.gpus import gpu_name  # noqa: E402
 from harness.schema.records import CellRecord, NoteKind, Outcome, launch_bound  # noqa: E402
 from harness.schema.text import markdown_safe  # noqa: E402
 
@@ -815,17 +816,10 @@ def step_verdict(figures: Iterable[Figure]) -> Verdict:
     return Verdict.SKIP if Verdict.SKIP in verdicts else Verdict.INFO
 
 
-def gpu_label(gpu: Mapping[str, Any]) -> str:
-    """``H100 80GB HBM3 (sm90)``: the model without the vendor, and its capability."""
-    name = str(gpu.get("name", "unknown GPU")).removeprefix("NVIDIA ")
-    major, _, minor = str(gpu.get("capability", "")).partition(".")
-    return f"{name} (sm{major}{minor})" if major.isdigit() and minor.isdigit() else name
-
-
 def environment_lines(env: Mapping[str, Any]) -> list[str]:
     release = str(env.get("torch", "?")).split("+")[0]
     lines = [
-        f"- `{gpu['device']}`: torch {release} · {gpu_label(gpu)}, {gpu.get('memory_gib')} GiB"
+        f"- `{gpu['device']}`: torch {release} · {gpu_name(gpu)}, {gpu.get('memory_gib')} GiB"
         for gpu in env.get("gpus", [])
     ]
     packages = ", ".join(f"{k} {v}" for k, v in sorted(env.get("packages", {}).items()) if v)
@@ -843,7 +837,7 @@ def render_markdown(env: Mapping[str, Any], runs: Sequence[StepRun], started: st
     missed = [f for f in figures if f.verdict == Verdict.MISS]
     met = sum(f.verdict == Verdict.PASS for f in figures)
     verdict = "MISS" if missed else "PASS"
-    gpus = ", ".join(gpu_label(g) for g in env.get("gpus", [])) or "no GPU"
+    gpus = ", ".join(gpu_name(g) for g in env.get("gpus", [])) or "no GPU"
     release = str(env.get("torch", "?")).split("+")[0]
     lines = [
         f"# GPU acceptance: torch {release} · {gpus}",

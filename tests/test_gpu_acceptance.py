@@ -466,12 +466,6 @@ def test_junit_figures_fail_on_a_failure_and_group_skip_reasons(tmp_path) -> Non
     assert figures["skipped (2x)"].value == "nox is not installed"
 
 
-def test_gpus_are_named_by_model_and_capability() -> None:
-    assert ga.gpu_label(H100) == "H100 80GB HBM3 (sm90)"
-    assert ga.gpu_label({"name": "Tesla T4", "capability": "7.5"}) == "Tesla T4 (sm75)"
-    assert ga.gpu_label({"name": "NVIDIA A100-SXM4-40GB"}) == "A100-SXM4-40GB"
-
-
 # --- as a user meets it on a machine without CUDA ---
 
 needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible here")
