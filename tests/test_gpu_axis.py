@@ -9,14 +9,14 @@ import dataclasses
 import json
 import shutil
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
 from harness import cli
-from harness.measure import environment, flash_kernels
+from harness.measure import cuda_facts, environment, flash_kernels
+from harness.measure.cuda_facts import CudaFacts, DeviceFacts
 from harness.report import aggregate
 from harness.report.compare import pair_runs
 from harness.report.markdown import render_markdown
@@ -98,16 +98,11 @@ def test_a_device_label_is_its_gpu_and_the_cpu_is_cpu() -> None:
 
 def test_a_run_records_each_gpu_it_sees(monkeypatch: pytest.MonkeyPatch) -> None:
     """Model, capability, memory, driver and CUDA runtime per GPU, from a faked CUDA."""
-    props = {
-        "cuda:0": SimpleNamespace(name="NVIDIA A100-SXM4-40GB", major=8, minor=0,
-                                  total_memory=42_298_834_944, multi_processor_count=108),
-        "cuda:1": SimpleNamespace(name="NVIDIA H100 80GB HBM3", major=9, minor=0,
-                                  total_memory=85_045_493_760, multi_processor_count=132),
-    }  # fmt: skip
-    cuda = torch.cuda
-    monkeypatch.setattr(cuda, "is_available", lambda: True)
-    monkeypatch.setattr(cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(cuda, "get_device_properties", props.__getitem__)
+    devices = (
+        DeviceFacts("NVIDIA A100-SXM4-40GB", 8, 0, 42_298_834_944, 108),
+        DeviceFacts("NVIDIA H100 80GB HBM3", 9, 0, 85_045_493_760, 132),
+    )
+    monkeypatch.setattr(cuda_facts, "facts", lambda: CudaFacts(devices, 90100))
     monkeypatch.setattr(torch.version, "cuda", "12.4")
     smi: list[list[str]] = []
 
@@ -132,14 +127,14 @@ def test_a_run_records_each_gpu_it_sees(monkeypatch: pytest.MonkeyPatch) -> None
 def test_without_cuda_a_run_records_no_gpu_and_asks_no_driver(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(cuda_facts, "facts", CudaFacts)
     monkeypatch.setattr(environment, "command_output", pytest.fail)
     assert environment.gpu_facts() == []
 
 
 def fake_gpu(monkeypatch: pytest.MonkeyPatch, major: int, minor: int, name: str) -> None:
-    monkeypatch.setattr(flash_kernels, "capability", lambda device: (major, minor))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: name)
+    gpu = CudaFacts((DeviceFacts(name, major, minor, 0, 0),))
+    monkeypatch.setattr(cuda_facts, "facts", lambda: gpu)
 
 
 def test_skip_reasons_name_the_capability_and_the_gpu_that_lacked_it(

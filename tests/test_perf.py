@@ -11,7 +11,7 @@ import torch
 from torch._C._autograd import DeviceType
 from torch.utils.flop_counter import FlopCounterMode
 
-from harness.measure import caches, perf
+from harness.measure import caches, cuda_facts, perf
 from harness.measure.timing import Timing
 from harness.results.speed import (
     interquartile_range,
@@ -170,11 +170,11 @@ def test_the_profiler_is_not_warmed_where_a_gpu_is_visible(
         return 0
 
     monkeypatch.setattr(perf, "peak_memory_cpu", profiled)
-    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    gpu = cuda_facts.CudaFacts((cuda_facts.DeviceFacts("NVIDIA H100 80GB HBM3", 9, 0, 1, 132),))
+    monkeypatch.setattr(cuda_facts, "facts", lambda: gpu)
     perf.warm_up()
     assert started == []
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(cuda_facts, "facts", cuda_facts.CudaFacts)
     caches.reset()
     perf.warm_up()
     assert len(started) == 1

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from harness.measure import caches, flash_kernels
+from harness.measure import caches, cuda_facts, flash_kernels
 from harness.results.search import release_key
 from harness.schema.axes import Cell
 from harness.schema.run_files import Environment
@@ -35,9 +35,9 @@ PACKAGES = (
 
 
 def cuda_devices() -> list[str]:
-    if not torch.cuda.is_available():
-        return []
-    return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    """The visible CUDA devices, learned without starting CUDA in this process (see
+    :mod:`harness.measure.cuda_facts`: a run forks its cells from it)."""
+    return [f"cuda:{i}" for i in range(len(cuda_facts.facts().devices))]
 
 
 @caches.cache
@@ -158,24 +158,21 @@ def gpu_facts() -> list[dict[str, Any]]:
     """Per visible GPU, what decides what it can run and what people name it by: its model,
     compute capability, memory, and the driver and CUDA runtime it ran under (the report
     names a column by the first two: ``H100 80GB HBM3 (sm90)``)."""
-    devices = cuda_devices()
+    devices = cuda_facts.facts().devices
     # one driver serves every GPU of a machine (nvidia-smi's order need not be torch's)
     drivers = nvidia_drivers() if devices else []
-    gpus = []
-    for device in devices:
-        props = torch.cuda.get_device_properties(device)
-        gpus.append(
-            {
-                "device": device,
-                "name": props.name,
-                "capability": f"{props.major}.{props.minor}",
-                "memory_bytes": props.total_memory,
-                "multiprocessors": props.multi_processor_count,
-                "driver": drivers[0] if drivers else None,
-                "cuda_runtime": torch.version.cuda,
-            }
-        )
-    return gpus
+    return [
+        {
+            "device": f"cuda:{index}",
+            "name": props.name,
+            "capability": f"{props.major}.{props.minor}",
+            "memory_bytes": props.total_memory,
+            "multiprocessors": props.multiprocessors,
+            "driver": drivers[0] if drivers else None,
+            "cuda_runtime": torch.version.cuda,
+        }
+        for index, props in enumerate(devices)
+    ]
 
 
 def nvidia_drivers() -> list[str]:
@@ -208,7 +205,7 @@ def capture_environment(command: list[str]) -> Environment:
         torch_version=torch.__version__,
         torch_git_version=torch.version.git_version,
         cuda_version=torch.version.cuda,
-        cudnn_version=torch.backends.cudnn.version() if torch.cuda.is_available() else None,
+        cudnn_version=cuda_facts.facts().cudnn_version,
         gpus=gpu_facts(),
         cuda_driver=_nvidia_driver(),
         cpu=cpu_name(),
@@ -226,7 +223,7 @@ def capture_environment(command: list[str]) -> Environment:
 
 
 def _nvidia_driver() -> str | None:
-    if not torch.cuda.is_available():
+    if not cuda_devices():
         return None
     drivers = nvidia_drivers()
     return drivers[0] if drivers else None

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from harness.measure import caches
+from harness.measure import caches, cuda_facts
 from harness.schema.gpus import gpu_name
 
 FLASH_ATTN_2 = "flash-attn"
@@ -82,17 +82,17 @@ def installed_packages() -> dict[str, str | None]:
 
 
 def capability(device: str) -> tuple[int, int]:
-    return tuple(torch.cuda.get_device_capability(device))  # type: ignore[return-value]
+    """``(8, 0)`` for an sm80 device; learned without starting CUDA in this process (see
+    :mod:`harness.measure.cuda_facts`), (0, 0) for a device that is not visible."""
+    facts = cuda_facts.device_facts(device)
+    return (facts.major, facts.minor) if facts is not None else (0, 0)
 
 
 def gpu_model(device: str) -> str | None:
-    """The GPU's model as people name it (``A100-SXM4-40GB``), None where torch cannot
-    say."""
-    try:
-        name = torch.cuda.get_device_name(device)
-    except (RuntimeError, AssertionError, ValueError):  # no CUDA, or no such device
-        return None
-    return gpu_name({"name": name})
+    """The GPU's model as people name it (``A100-SXM4-40GB``), None where it is not
+    visible."""
+    facts = cuda_facts.device_facts(device)
+    return gpu_name({"name": facts.name}) if facts is not None else None
 
 
 def device_described(device: str) -> str:

@@ -21,7 +21,7 @@ import torch
 from torch._C._autograd import DeviceType
 from torch.utils.flop_counter import FlopCounterMode
 
-from harness.measure import caches, peaks
+from harness.measure import caches, cuda_facts, peaks
 from harness.measure.environment import cpu_name
 from harness.measure.precision import dtype_of
 from harness.measure.timing import Timing, measure, stopwatch_for
@@ -89,9 +89,9 @@ def warm_up() -> None:
 
 
 def gpu_visible() -> bool:
-    """A CUDA build of torch that sees a GPU (counted through NVML, which leaves the CUDA
-    driver uninitialised, so the process can still fork children that use CUDA)."""
-    return torch.backends.cuda.is_built() and torch.cuda.device_count() > 0
+    """A CUDA build of torch that sees a GPU (learned without starting CUDA in this
+    process, so it can still fork children that use CUDA: see ``cuda_facts``)."""
+    return bool(cuda_facts.facts().devices)
 
 
 def running_peak(deltas: Any) -> int:
@@ -153,9 +153,9 @@ def peak_matmul_gflops(device: str, dtype: str) -> tuple[float, str]:
 
 def device_model(device: str) -> str:
     """``NVIDIA H100 80GB HBM3`` or the CPU's model name."""
-    target = torch.device(device)
-    if target.type == "cuda":
-        return torch.cuda.get_device_name(target)
+    if torch.device(device).type == "cuda":
+        facts = cuda_facts.device_facts(device)
+        return facts.name if facts is not None else device
     return cpu_name()
 
 
