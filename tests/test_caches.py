@@ -31,6 +31,7 @@ def import_caching_modules() -> None:
 def function_fillers() -> dict[str, Callable[[], Any]]:
     """A call that puts an entry in each cached function's cache."""
     from harness.measure import (
+        cuda_facts,
         environment,
         flash_kernels,
         kernels,
@@ -44,6 +45,7 @@ def function_fillers() -> dict[str, Callable[[], Any]]:
     mm = torch.ops.aten.mm.default
     fillers: dict[Callable[..., Any], Callable[[], Any]] = {
         torch_state.settings: torch_state.settings,
+        cuda_facts.facts: cuda_facts.facts,
         flash_kernels.installed_version: lambda: flash_kernels.installed_version("flash-attn"),
         kernels.op_name: lambda: kernels.op_name(mm),
         kernels.short_name: lambda: kernels.short_name(mm),

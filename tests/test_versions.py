@@ -77,7 +77,7 @@ def test_results_folders_pair_up_by_environment_and_name_every_run_left_out(
     assert "20260102T000000-torch-2.13.0: not compared: 20260103T000000-torch-2.13.0 is newer" in (
         left_out
     )
-    assert f"{other_host}: no run of torch 2.13.0+cpu on gpu-box-2 (H100) in {base}" in left_out
+    assert f"{other_host}: no run of torch 2.13.0+cpu · H100 in {base}" in left_out
     assert len(pairing.left_out) == 2
     one = base / "20260101T000000-torch-2.4.1"
     assert pair_runs(one, one).pairs == [(one, one)]
