@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.utils import benchmark
 
 from harness.measure import perf
-from harness.measure.timing import measure, stopwatch_for
+from harness.measure.timing import stopwatch_for, time_call
 from harness.schema.config import TimingConfig
 from harness.schema.records import launch_bound
 
@@ -46,7 +46,7 @@ def figures(call: Callable[[], Any]) -> dict[str, float]:
     device = torch.device("cuda")
     call()
     torch.cuda.synchronize()
-    timing = measure(call, TimingConfig(), stopwatch_for(device))
+    timing = time_call(call, TimingConfig(), stopwatch_for(device))
     device_s = perf.device_seconds(call, perf.device_time_calls(timing)) or float("nan")
     timer = benchmark.Timer("call()", globals={"call": call})
     return {

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch.utils import benchmark
 
 from harness.measure import cell_timing, registry
-from harness.measure.timing import measure
+from harness.measure.timing import time_call
 from harness.results import storage
 from harness.results.speed import TIE_RATIO, median_of, rank_with_ties, significantly_faster
 from harness.schema.axes import Column as CellColumn
@@ -61,7 +61,7 @@ def harness_vs_torch_benchmark(rounds: int) -> None:
         "torch.utils.benchmark blocked_autorange median"
     )
     for n in range(rounds):
-        ours = measure(call, TimingConfig(budget_s=1.0)).median
+        ours = time_call(call, TimingConfig(budget_s=1.0)).median
         theirs = timer.blocked_autorange(min_run_time=1.0).median
         ratios.append(ours / theirs)
         print(

@@ -13,8 +13,8 @@ from harness.measure.timing import (
     Plateau,
     Timing,
     block_size,
-    measure,
     measure_interleaved,
+    time_call,
 )
 from harness.schema.config import TimingConfig
 from harness.schema.stats import quartiles
@@ -37,7 +37,7 @@ class FakeClock:
 
 
 def run(clock: FakeClock, config: TimingConfig) -> Timing:
-    return measure(clock.work, config, stopwatch=ClockStopwatch(clock, "fake"), clock=clock)
+    return time_call(clock.work, config, stopwatch=ClockStopwatch(clock, "fake"), clock=clock)
 
 
 def test_steady_workload_converges_after_min_samples() -> None:

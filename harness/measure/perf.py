@@ -24,7 +24,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from harness.measure import caches, cuda_facts, peaks
 from harness.measure.environment import cpu_name
 from harness.measure.precision import dtype_of
-from harness.measure.timing import Timing, measure, stopwatch_for
+from harness.measure.timing import Timing, stopwatch_for, time_call
 from harness.schema.config import TimingConfig
 from harness.schema.records import Perf
 
@@ -166,7 +166,7 @@ def measure_peak_gflops(device: str, dtype: str) -> float:
         gemm = square_gemm(n, target, dtype_of(dtype))
         if stopwatch.time_block(gemm, 1) >= PEAK_GEMM_MIN_S:
             break
-    timing = measure(gemm, TimingConfig(budget_s=0.5), stopwatch=stopwatch)
+    timing = time_call(gemm, TimingConfig(budget_s=0.5), stopwatch=stopwatch)
     return 2 * n**3 / timing.median / 1e9
 
 

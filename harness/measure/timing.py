@@ -127,7 +127,7 @@ def block_size(per_call_s: float, config: TimingConfig) -> int:
     return max(1, math.ceil(config.min_block_s / max(per_call_s, 1e-9)))
 
 
-def measure(
+def time_call(
     fn: Callable[[], Any],
     config: TimingConfig = TimingConfig(),
     stopwatch: Stopwatch | None = None,

@@ -46,14 +46,14 @@ def discover_cases(cases_dirs: Sequence[Path]) -> list[Case]:
     return registry.all_cases()
 
 
-def run_cases(config: RunConfig) -> list[Case]:
+def cases_of_run(config: RunConfig) -> list[Case]:
     """The run's cases: its case folders, and the models ``check`` names."""
     cases = discover_cases(config.cases_dirs)
     return cases + model_case.registered_models(config)
 
 
 def plan_run(config: RunConfig) -> Plan:
-    cases = run_cases(config)
+    cases = cases_of_run(config)
     report_import_changes(registry.import_changes())
     check_selection(cases, config.selection)
     plan = expand(cases, config.selection)
@@ -498,7 +498,7 @@ def saved_state(run_dir: Path) -> tuple[RunConfig, Plan, int]:
     check_same_torch(run_dir)
     config = replace(saved.config, results_root=run_dir.parent)
     try:
-        run_cases(config)
+        cases_of_run(config)
     except (CaseContractError, model_case.ModelCheckError) as error:
         raise storage.ResultsError(f"{run_dir / storage.RUN_PLAN_FILE}: {error}") from error
     done = {record.cell for record in storage.read_records(run_dir, problems=[])}

@@ -1,8 +1,10 @@
 """Cell specs, outcomes and records: the data that flows from measuring to reporting.
 
-The project's vocabulary is defined here, once, and imports no torch: a cell's identity
-(:attr:`Cell.id`), the column it is compared in (:attr:`Cell.column`), and the outcome
-labels every view prints (:data:`LABELS`, :func:`outcome_label`).
+What a cell's measurement produced, defined here once and importing no torch: its outcome
+and the evidence for it (:class:`CellRecord`, its numerics, flags, notes and figures), and
+the outcome labels every view prints (:data:`LABELS`, :func:`outcome_label`). A cell's
+identity and the column it is compared in are the axis table's (``harness.schema.axes``:
+``Cell.id``, ``Cell.column``).
 """
 
 from __future__ import annotations

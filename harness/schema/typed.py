@@ -133,11 +133,6 @@ def _buildable(kind: type) -> tuple[str, ...]:
     return tuple(f.name for f in fields) if plain else ()
 
 
-def type_problem(value: Any, hint: Any, name: str) -> str | None:
-    """Why ``value`` does not fit ``hint`` (``name: expected ..., got ...``), or None."""
-    return compiled(hint)(value, name)
-
-
 @cache
 def compiled(hint: Any) -> Check:
     """A function telling why a value does not fit ``hint``, or None when it does (built
