@@ -118,6 +118,11 @@ def test_two_identical_nights_pass(
     assert "4 runs" in out  # one report over every release and GPU
     text = summary.read_text()
     assert "### Against last night" in text and "nightly verdict: pass" in text
+    # the noise each environment's speed was judged against, said once per device
+    noise = [line for line in out.splitlines() if "judged against this pair's" in line]
+    noise += [line for line in out.splitlines() if "no machine factor" in line]
+    assert noise and all(line.startswith("torch ") for line in noise)
+    assert all(f"- {line}" in text for line in noise)
 
 
 def test_a_fix_that_stopped_passing_fails_naming_its_cell_and_environment(

@@ -92,6 +92,8 @@ class NightVerdict:
     problems: list[str] = field(default_factory=list)
     #: How many environments (torch release x GPU) were compared with last night.
     compared: int = 0
+    #: Per environment and device, the noise ``compare`` judged speed against.
+    noise: list[str] = field(default_factory=list)
 
     @property
     def failures(self) -> list[Judged]:
@@ -142,9 +144,19 @@ def describe_environment(run: Run) -> str:
     return describe_key(environment_key(run.env))
 
 
-def judge_pair(last: Run, tonight: Run) -> tuple[list[Judged], Missing]:
-    """Every change between the runs of one environment, judged; and the cells of last
-    night's run that tonight's has no record of."""
+@dataclass(frozen=True)
+class PairJudged:
+    """One environment's night: its judged changes, the cells tonight lost, and the noise
+    its speed was judged against (``where: speed on cuda:0 judged against ...``)."""
+
+    judged: list[Judged]
+    missing: Missing
+    noise: list[str]
+
+
+def judge_pair(last: Run, tonight: Run) -> PairJudged:
+    """Every change between the runs of one environment, judged; the cells of last night's
+    run that tonight's has no record of; and the noise of each device's speed."""
     comparison = compare_runs(last, tonight)
     before: Mapping[Cell, CellRecord] = {r.cell: r for r in last.records}
     after: Mapping[Cell, CellRecord] = {r.cell: r for r in tonight.records}
@@ -152,7 +164,10 @@ def judge_pair(last: Run, tonight: Run) -> tuple[list[Judged], Missing]:
     judged = [
         Judged(where, c, judge(c, before[c.cell], after[c.cell])) for c in comparison.changes
     ]
-    return judged, Missing(last.run_dir, tonight.run_dir, comparison.only_in_base)
+    noise = [f"{where}: {n.describe()}" for n in comparison.noise]
+    return PairJudged(
+        judged, Missing(last.run_dir, tonight.run_dir, comparison.only_in_base), noise
+    )
 
 
 def judge_nights(last: Path, tonight: Path) -> NightVerdict:
@@ -166,9 +181,10 @@ def judge_nights(last: Path, tonight: Path) -> NightVerdict:
     for base_dir, head_dir in pairing.pairs:
         base = load_run(base_dir)
         verdict.problems += base.problems
-        judged, missing = judge_pair(base, load_run(head_dir))
-        verdict.judged += judged
-        verdict.missing.append(missing)
+        pair = judge_pair(base, load_run(head_dir))
+        verdict.judged += pair.judged
+        verdict.missing.append(pair.missing)
+        verdict.noise += pair.noise
     verdict.missing = [m for m in verdict.missing if m.cells]
     return verdict
 
@@ -178,6 +194,7 @@ def render_verdict(verdict: NightVerdict, allow_missing: bool = False) -> str:
     counts."""
     ordered = sorted(verdict.judged, key=lambda j: not j.failing)
     lines = [f"{'FAIL' if j.failing else '    '} {j.describe()}" for j in ordered]
+    lines += verdict.noise
     lines.append(summary_line(verdict, allow_missing))
     return "\n".join(lines)
 
@@ -208,4 +225,6 @@ def render_verdict_markdown(verdict: NightVerdict, allow_missing: bool = False) 
     if rows:
         header = ["judgement", "cell", "environment", "last night", "tonight"]
         lines += [*markdown_table(header, rows), ""]
+    if verdict.noise:
+        lines += [f"- {noise}" for noise in verdict.noise] + [""]
     return "\n".join(lines) + "\n"
