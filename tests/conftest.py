@@ -8,6 +8,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -99,3 +100,15 @@ def toy_registry(clean_registry: None) -> None:
     """Only the toy external case registered."""
     for path in registry.case_module_paths(TOY_CASES):
         registry._import_case_module(path)
+
+
+@pytest.fixture(scope="session")
+def nf() -> ModuleType:
+    """The project's ``noxfile`` as a module (its sessions' helpers, tested as functions)."""
+    pytest.importorskip("nox", reason="nox is not installed here")
+    sys.path.insert(0, str(ROOT))
+    try:
+        import noxfile as module
+    finally:
+        sys.path.remove(str(ROOT))
+    return module

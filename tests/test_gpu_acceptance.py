@@ -489,17 +489,6 @@ def test_the_script_without_cuda_prints_one_line_and_exits_non_zero(tmp_path) ->
     assert not out.exists()
 
 
-@pytest.fixture(scope="module")
-def nf() -> ModuleType:
-    pytest.importorskip("nox", reason="nox is not installed here")
-    sys.path.insert(0, str(ROOT))
-    try:
-        import noxfile as module
-    finally:
-        sys.path.remove(str(ROOT))
-    return module
-
-
 @needs_no_cuda
 def test_nox_session_without_a_gpu_is_one_line_and_non_zero(nf: ModuleType) -> None:
     if nf.gpus_listed():

@@ -17,17 +17,6 @@ from harness.results.search import search_order
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def nf() -> ModuleType:
-    pytest.importorskip("nox", reason="nox is not installed here")
-    sys.path.insert(0, str(ROOT))
-    try:
-        import noxfile as module
-    finally:
-        sys.path.remove(str(ROOT))
-    return module
-
-
 def test_the_release_list_is_every_minor_from_2_1_oldest_first(nf: ModuleType) -> None:
     releases = nf.TORCH_VERSIONS
     assert tuple(search_order(releases)) == releases
