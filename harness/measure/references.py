@@ -138,12 +138,18 @@ def reference_leaves(piece: Workpiece) -> Leaves:
     return _REFERENCES[piece]
 
 
-def compute_reference(piece: Workpiece) -> Leaves:
+def float64_run(piece: Workpiece) -> FixRun:
+    """The case's reference fix run plainly in float64 on the CPU (raises
+    ``WorkloadFailed`` where its workload cannot be built)."""
     case_name, size, backend, stage = piece
     case = registry.get(case_name)
     ctx = context_for(case, plain_cell(case, "float64", size, backend=backend, stage=stage))
+    return run_fix_checked(case, case.reference_fix, ctx, trace=False)
+
+
+def compute_reference(piece: Workpiece) -> Leaves:
     try:
-        run = run_fix_checked(case, case.reference_fix, ctx, trace=False)
+        run = float64_run(piece)
     except WorkloadFailed as failure:
         raise ReferenceFailed(failure.error) from failure
     if run.error is not None:
@@ -164,13 +170,10 @@ def reference_along(
     """The float64 reference taken again with its ReLU units within the band of the kink
     on the cell's sides (see :mod:`harness.measure.kinks`); None where its ReLU calls turn
     out not to be the ones recorded."""
-    case_name, size, backend, stage = piece
-    case = registry.get(case_name)
-    ctx = context_for(case, plain_cell(case, "float64", size, backend=backend, stage=stage))
     replay = KinkReplay(cell_sides, dtype)
     try:
         with replay:
-            run = run_fix_checked(case, case.reference_fix, ctx, trace=False)
+            run = float64_run(piece)
     except WorkloadFailed:
         return None
     if run.error is not None or not replay.fits:
