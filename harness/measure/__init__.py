@@ -18,7 +18,7 @@ SURFACE = {
     "fix": "case",
     "register": "registry",
     "run_cell": "execute",
-    "measure": "timing",
+    "time_call": "timing",
     "reset": "caches",
 }
 __all__ = sorted(SURFACE)
