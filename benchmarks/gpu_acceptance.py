@@ -59,6 +59,7 @@ for _path in (str(ROOT), str(HERE)):
 from harness.results import storage  # noqa: E402
 from harness.schema.gpus import gpu_name  # noqa: E402
 from harness.schema.records import CellRecord, NoteKind, Outcome, launch_bound  # noqa: E402
+from harness.schema.releases import torch_release  # noqa: E402
 from harness.schema.text import markdown_safe  # noqa: E402
 
 PROBES = HERE / "gpu_probes.py"
@@ -817,7 +818,7 @@ def step_verdict(figures: Iterable[Figure]) -> Verdict:
 
 
 def environment_lines(env: Mapping[str, Any]) -> list[str]:
-    release = str(env.get("torch", "?")).split("+")[0]
+    release = torch_release(env.get("torch"))
     lines = [
         f"- `{gpu['device']}`: torch {release} · {gpu_name(gpu)}, {gpu.get('memory_gib')} GiB"
         for gpu in env.get("gpus", [])
@@ -838,7 +839,7 @@ def render_markdown(env: Mapping[str, Any], runs: Sequence[StepRun], started: st
     met = sum(f.verdict == Verdict.PASS for f in figures)
     verdict = "MISS" if missed else "PASS"
     gpus = ", ".join(gpu_name(g) for g in env.get("gpus", [])) or "no GPU"
-    release = str(env.get("torch", "?")).split("+")[0]
+    release = torch_release(env.get("torch"))
     lines = [
         f"# GPU acceptance: torch {release} · {gpus}",
         "",

@@ -6,12 +6,15 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from harness.report.compare import pair_runs
 from harness.results import storage
 from harness.results.search import release_key
 from harness.results.versions import outcome_changes, render_bisect
 from harness.schema.axes import Cell
 from harness.schema.records import CellRecord, Outcome
+from harness.schema.releases import torch_release
 
 DATA = Path(__file__).parent / "data" / "runs"
 
@@ -82,3 +85,12 @@ def test_results_folders_pair_up_by_environment_and_name_every_run_left_out(
     one = base / "20260101T000000-torch-2.4.1"
     assert pair_runs(one, one).pairs == [(one, one)]
     assert str(storage.read_env(one).torch_version).startswith("2.4.1")
+
+
+@pytest.mark.parametrize(
+    ("version", "release"),
+    [("2.13.0+cpu", "2.13.0"), ("2.4.1+cu121", "2.4.1"), ("2.11.0", "2.11.0"), (None, "?")],
+)
+def test_a_torch_release_is_named_without_its_build(version: str | None, release: str) -> None:
+    """One helper names a release wherever a view shows one (harness.schema.releases)."""
+    assert torch_release(version) == release

@@ -18,6 +18,7 @@ import torch
 from harness.measure import caches, cuda_facts, flash_kernels
 from harness.results.search import release_key
 from harness.schema.axes import Cell
+from harness.schema.releases import torch_release
 from harness.schema.run_files import Environment
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -95,7 +96,7 @@ def torch_version_skip_reason(min_torch: str | None, version: str | None = None)
     """Why a case that needs torch ``min_torch`` or newer cannot run under this torch."""
     version = version or torch.__version__
     if min_torch and release_key(version) < release_key(min_torch):
-        return f"needs torch >= {min_torch} (this is {version.split('+')[0]})"
+        return f"needs torch >= {min_torch} (this is {torch_release(version)})"
     return None
 
 

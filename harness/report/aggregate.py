@@ -45,6 +45,7 @@ from harness.schema.records import (
     base_label,
     outcome_label,
 )
+from harness.schema.releases import torch_release
 from harness.schema.run_files import Environment
 
 
@@ -388,10 +389,10 @@ def _first_passing(by_version: dict[str, tuple[int, int]]) -> str:
         all_pass = passed == ran
         first = (first or version) if all_pass else None
     if first is None:
-        return f"fails on every release through {measured[-1][0].split('+')[0]}"
+        return f"fails on every release through {torch_release(measured[-1][0])}"
     if first == measured[0][0]:
-        return f"passes on every release from {first.split('+')[0]}"
-    return first.split("+")[0]
+        return f"passes on every release from {torch_release(first)}"
+    return torch_release(first)
 
 
 def _reproduction_text(cells: int, reproduced: int, where: set[str]) -> str:

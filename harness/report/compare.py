@@ -51,6 +51,7 @@ from harness.results.summary import format_rows
 from harness.schema.axes import Cell
 from harness.schema.gpus import device_label, gpus_text
 from harness.schema.records import CellRecord, Outcome, outcome_label
+from harness.schema.releases import torch_release
 from harness.schema.run_files import Environment
 from harness.schema.stats import quartiles
 
@@ -318,7 +319,7 @@ def device_pair(base: Environment, head: Environment, device: str) -> str:
 def run_where(env: Environment) -> str:
     """``torch 2.11.0 · H100 80GB HBM3 (sm90) on host-a``: the release, GPUs and host of a
     run, as a comparison's header names each side."""
-    release = str(env.torch_version or "?").split("+")[0]
+    release = torch_release(env.torch_version)
     gpus = gpus_text(env.gpus)
     return f"torch {release} · {'cpu' if gpus == 'no GPU' else gpus} on {env.hostname or '?'}"
 

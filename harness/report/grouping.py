@@ -19,6 +19,7 @@ import pandas as pd
 
 from harness.results.search import release_key
 from harness.schema.axes import DTYPES, MODE_NAMES, STAGES, rank
+from harness.schema.releases import torch_release
 
 #: What makes two measurements the same cell in different environments.
 CELL_KEY = ("row", "dtype", "mode", "size")
@@ -51,7 +52,9 @@ class Environments:
     def __init__(self, frame: pd.DataFrame) -> None:
         envs = frame.drop_duplicates("env") if "env" in frame else pd.DataFrame()
         self.known = {
-            e.env: Environment(e.env, e.torch_version.split("+")[0], place_device(e), e.host or "")
+            e.env: Environment(
+                e.env, torch_release(e.torch_version), place_device(e), e.host or ""
+            )
             for e in envs.itertuples()
         }
         releases = sorted({e.release for e in self.known.values()}, key=release_key)

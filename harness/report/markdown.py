@@ -12,6 +12,7 @@ from harness.report import aggregate, stages
 from harness.report.aggregate import Run
 from harness.schema.axes import STAGES
 from harness.schema.records import LABELS
+from harness.schema.releases import torch_release
 from harness.schema.text import markdown_safe
 
 
@@ -80,7 +81,7 @@ def render_markdown(runs: Sequence[Run]) -> str:
         return "\n".join([*lines, "No cell ran in these runs.", ""])
     lines += ["### Outcomes", "", *outcome_counts(frame), ""]
     view = aggregate.version_view(frame)
-    versions = [f"torch {c.split('+')[0]}" for c in view.columns]
+    versions = [f"torch {torch_release(c)}" for c in view.columns]
     rows = [[case, *values] for case, values in view.iterrows()]
     lines += ["### Where each failure reproduces (fix `none`)", ""]
     lines += [*markdown_table(["case", *versions], rows), ""]

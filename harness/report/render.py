@@ -29,6 +29,7 @@ from harness.results import storage
 from harness.results.summary import noise_statement
 from harness.schema.axes import FIT_STAGE, MODES, SIZES, TRAIN_STAGE, rank
 from harness.schema.records import DRIFT, LABELS
+from harness.schema.releases import torch_release
 from harness.schema.run_files import CaseInfo
 
 LEGEND = (
@@ -441,9 +442,9 @@ def version_rows(frame: pd.DataFrame) -> dict[str, Any]:
     view = aggregate.version_view(frame)
     passing = aggregate.passing_by_version(frame)
     return {
-        "columns": [c.split("+")[0] for c in view.columns],
+        "columns": [torch_release(c) for c in view.columns],
         "rows": [(case, list(values)) for case, values in view.iterrows()],
-        "passing_columns": [c.split("+")[0] for c in passing.columns[:-1]],
+        "passing_columns": [torch_release(c) for c in passing.columns[:-1]],
         "passing_rows": [(case, fix, list(values)) for (case, fix), values in passing.iterrows()],
     }
 

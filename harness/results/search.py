@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.schema.releases import torch_release
 from harness.results import storage
 from harness.schema.records import CellRecord, outcome_label
 from harness.schema.axes import Cell
@@ -181,5 +182,5 @@ def search_order(releases: Sequence[str]) -> tuple[str, ...]:
 def release_key(version: str) -> tuple[int, ...]:
     """``2.13.0+cpu`` -> (2, 13, 0), so 2.4 sorts before 2.13 (the one version order: the
     report, ``harness bisect``, ``min_torch`` and the search all use it)."""
-    core = version.split("+")[0]
+    core = torch_release(version)
     return tuple(int(p) if p.isdigit() else 0 for p in core.split("."))

@@ -23,6 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
+from harness.schema.releases import torch_release
 from harness.schema.config import RunConfig
 from harness.schema.records import CellRecord
 from harness.schema.run_files import CaseInfo, CaseList, Environment, RunPlan
@@ -52,7 +53,7 @@ class ResultsError(Exception):
 
 def new_run_id(torch_version: str, now: datetime | None = None) -> str:
     stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%S")
-    return f"{stamp}-torch{torch_version.split('+')[0]}"
+    return f"{stamp}-torch{torch_release(torch_version)}"
 
 
 def create_run_dir(results_root: Path, run_id: str) -> Path:

@@ -7,6 +7,7 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from harness.schema.releases import torch_release
 from harness.schema.records import CellRecord, Outcome, outcome_label
 from harness.schema.axes import Cell
 from harness.results.search import release_key
@@ -55,7 +56,7 @@ def render_bisect(records: Sequence[CellRecord]) -> str:
     """The outcome of every cell under every version, then the changes."""
     table = outcomes_by_version(records)
     versions = sorted({v for by in table.values() for v in by}, key=release_key)
-    rows = [["cell", *(f"torch {v.split('+')[0]}" for v in versions)]]
+    rows = [["cell", *(f"torch {torch_release(v)}" for v in versions)]]
     for cell, by in sorted(table.items()):
         rows.append([cell.id, *(by.get(v, "-") for v in versions)])
     lines = ["  " + row for row in format_rows(rows)] if len(rows) > 1 else ["  no cell ran"]

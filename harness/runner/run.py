@@ -34,6 +34,7 @@ from harness.runner.matrix import Plan, expand
 from harness.schema.axes import FIT_STAGE, SIZES, SMALL_SIZE, TIMED_SIZE, Cell, rank
 from harness.schema.config import RunConfig, TimingConfig
 from harness.schema.records import CellRecord, Outcome
+from harness.schema.releases import torch_release
 from harness.schema.run_files import RunPlan
 from harness.schema.selection import SelectionError, check_selection
 
@@ -424,7 +425,7 @@ def check_same_torch(run_dir: Path) -> None:
             f"{run_dir / storage.ENV_FILE}: the run was recorded under torch {recorded}; "
             f"this environment has torch "
             f"{torch.__version__}: resume it from {recorded}'s environment "
-            f"(nox -s \"matrix(torch='{str(recorded).split('+')[0]}')\" -- --resume {run_dir})"
+            f"(nox -s \"matrix(torch='{torch_release(recorded)}')\" -- --resume {run_dir})"
         )
 
 

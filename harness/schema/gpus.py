@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from harness.schema.releases import torch_release
+
 #: The vendor prefix a device name starts with, left out where a GPU is named.
 VENDOR_PREFIX = "NVIDIA "
 
@@ -76,8 +78,7 @@ def device_label(gpus: Sequence[GpuFacts] | None, device: str) -> str:
 def environment_label(torch_version: str | None, device: str) -> str:
     """``torch 2.11.0 · H100 80GB HBM3 (sm90)``: a release and a device label (see
     :func:`device_label`), without a local version suffix such as ``+cu121``."""
-    release = str(torch_version or "?").split("+")[0]
-    return f"torch {release} · {device}"
+    return f"torch {torch_release(torch_version)} · {device}"
 
 
 def gpus_text(gpus: Sequence[GpuFacts] | None) -> str:
