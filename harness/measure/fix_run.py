@@ -37,7 +37,7 @@ from harness.measure.precision import (
 )
 from harness.measure.python_watch import PythonWatch, watch_python
 from harness.measure.trail import DtypeTracer, Names, tracing
-from harness.schema.axes import FIT_STAGE, TRAIN_STAGE, Cell
+from harness.schema.axes import EAGER, FIT_STAGE, TRAIN_STAGE, Cell
 from harness.schema.records import Flag, Note
 from harness.schema.trail_records import Drift, Trail
 
@@ -133,7 +133,7 @@ def call_fix(
 def compiled_fix(case: Case, fix: str, compile_mode: str) -> Any:
     """The fix function under ``torch.compile`` for a compiled cell, else None. The whole
     fix is compiled: Dynamo traces into the model calls it makes."""
-    if compile_mode == "eager":
+    if compile_mode == EAGER:
         return None
     return torch.compile(case.fixes[fix].func, backend=compile_mode)
 
@@ -160,7 +160,7 @@ def run_fix_checked(
     fix: str,
     ctx: RunContext,
     trace: bool = True,
-    compile_mode: str = "eager",
+    compile_mode: str = EAGER,
     workload: Workload | None = None,
 ) -> FixRun:
     """Build, apply the precision, call the fix once under the dtype tracer; then check that

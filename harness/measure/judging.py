@@ -32,7 +32,7 @@ from harness.measure.references import (
     workpiece,
 )
 from harness.measure.rounding import rounds_activations
-from harness.schema.axes import CONTROL_DTYPE, Cell
+from harness.schema.axes import CONTROL_DTYPE, EAGER, Cell
 from harness.schema.records import CellRecord, CrashKind, Note, NoteKind, Numerics, Outcome
 from harness.schema.trail_records import Trail
 
@@ -85,7 +85,7 @@ def raised(case: Case, error: BaseException, record: CellRecord) -> CellRecord:
         )
         if known
         else None,
-        compile_error=from_compiler(error) if record.cell.compile != "eager" else None,
+        compile_error=from_compiler(error) if record.cell.compile != EAGER else None,
         **fields,
     )
 

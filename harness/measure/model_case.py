@@ -43,6 +43,7 @@ import torch
 from harness.measure import import_probe, registry
 from harness.measure.case import Case, RunContext, Upstream, Workload, fix
 from harness.schema.axes import (
+    CONTROL_FIX,
     CONTROL_MODE,
     DEVICE_KINDS,
     FIT_STAGE,
@@ -223,7 +224,7 @@ class ModelCase(Case):
     factory: ClassVar[Factory]
     #: The ``MODULE:FACTORY`` that named it (``check``), or empty (the pytest plugin).
     target: ClassVar[str] = ""
-    reference_fix = "none"
+    reference_fix = CONTROL_FIX
     failure = None
     has_known_failure = False
     #: A factory may build another model per backend (transformers' attention classes draw
@@ -245,7 +246,7 @@ class ModelCase(Case):
             return super().loss(output, workload, ctx)
         return named_loss(named, type(self).loss_name, output, workload.inputs)
 
-    @fix("none", rationale="the model as it is")
+    @fix(CONTROL_FIX, rationale="the model as it is")
     def none(self, w: Workload, ctx: RunContext) -> Any:
         return call_model(w.model, w.inputs)
 

@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from harness.measure import import_probe, torch_state
 from harness.measure.case import Case, Size
-from harness.schema.axes import AXES, FORWARD_STAGE, SIZES, SMALL_SIZE, Axis
+from harness.schema.axes import AXES, CONTROL_FIX, FORWARD_STAGE, SIZES, SMALL_SIZE, Axis
 
 RELEASE = re.compile(r"^\d+\.\d+(\.\d+)?$")
 CASE_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
@@ -128,7 +128,7 @@ def _size_problems(case: Case) -> list[str]:
 def _fix_problems(case: Case) -> list[str]:
     fixes = case.fixes
     problems = []
-    if "none" not in fixes:
+    if CONTROL_FIX not in fixes:
         problems.append("no fix named 'none' (the upstream code path)")
     if case.reference_fix and case.reference_fix not in fixes:
         problems.append(f"reference_fix {case.reference_fix!r} is not one of its fixes")

@@ -28,6 +28,7 @@ from harness.results.speed import SpeedRatios, record_key, speed_ratios
 from harness.results.summary import failure_line
 from harness.schema import gpus
 from harness.schema.axes import (
+    CONTROL_FIX,
     DTYPES,
     FORWARD_STAGE,
     MODE_NAMES,
@@ -299,7 +300,7 @@ def row_order(frame: pd.DataFrame) -> list[tuple[str, str]]:
         key=lambda p: (
             p.case,
             rank(SIZES, p.size),
-            p.fix != "none",
+            p.fix != CONTROL_FIX,
             p.base_row,
             rank(STAGES, p.stage),
         ),
@@ -332,7 +333,7 @@ def version_view(frame: pd.DataFrame) -> pd.DataFrame:
     """For each case: in which torch versions its upstream path (fix ``none``) reproduces
     the known failure, and in which dtypes."""
     upstream = frame.loc[
-        (frame["fix"] == "none") & (frame["outcome"] != Outcome.SKIPPED.value),
+        (frame["fix"] == CONTROL_FIX) & (frame["outcome"] != Outcome.SKIPPED.value),
         ["case", "torch_version", "base_label", "dtype", "mode"],
     ]
     versions = sorted(upstream["torch_version"].unique(), key=release_key)
@@ -409,7 +410,7 @@ def _reproduction_text(cells: int, reproduced: int, where: set[str]) -> str:
 def fixes_passing_everywhere(case_frame: pd.DataFrame) -> list[str]:
     """Fixes other than ``none`` whose every cell that ran passed, with no flag."""
     ran = case_frame.loc[
-        (case_frame["outcome"] != Outcome.SKIPPED.value) & (case_frame["fix"] != "none"),
+        (case_frame["outcome"] != Outcome.SKIPPED.value) & (case_frame["fix"] != CONTROL_FIX),
         ["fix", "label"],
     ]
     passing = (ran["label"] == "passes").groupby(ran["fix"]).all()

@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 
 from harness.results.search import release_key
-from harness.schema.axes import DTYPES, MODE_NAMES, STAGES, rank
+from harness.schema.axes import CONTROL_FIX, DTYPES, MODE_NAMES, STAGES, rank
 from harness.schema.releases import torch_release
 
 #: What makes two measurements the same cell in different environments.
@@ -169,7 +169,7 @@ def row_sort_keys(frame: pd.DataFrame) -> dict[str, tuple[Any, ...]]:
     found = frame[columns].drop_duplicates("row")
     return {
         str(r["row"]): (
-            r["fix"] != "none",
+            r["fix"] != CONTROL_FIX,
             r.get("base_row", r["row"]),
             rank(STAGES, r.get("stage", STAGES[0])),
         )

@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 
 from harness.schema.axes import (
+    CONTROL_FIX,
     DTYPES,
     FIT_STAGE,
     FORWARD_STAGE,
@@ -139,7 +140,7 @@ def column_order(key: tuple[str, str]) -> tuple[int, int, str, str]:
 
 
 def fix_order(fix: str) -> tuple[bool, str]:
-    return fix != "none", fix
+    return fix != CONTROL_FIX, fix
 
 
 def stage_failures(case_frame: pd.DataFrame) -> tuple[StageFailure, ...]:
@@ -365,7 +366,7 @@ def side_by_side(case_frame: pd.DataFrame) -> SideBySide | None:
         fixes.setdefault(c.base_row, c.fix)
         by_row.setdefault(c.base_row, {}).setdefault(c.stage, []).append(c)
         by_column.setdefault((c.base_row, c.dtype, c.mode), {}).setdefault(c.stage, []).append(c)
-    order = sorted(by_row, key=lambda row: (fixes[row] != "none", row))
+    order = sorted(by_row, key=lambda row: (fixes[row] != CONTROL_FIX, row))
     return SideBySide(
         ran_stages,
         [fix_row(row, by_row[row], ran_stages, time, memory) for row in order],

@@ -16,6 +16,7 @@ from harness.schema.axes import (
     SMALL_SIZE,
     STAGES,
     rank,
+    CONTROL_FIX,
 )
 from harness.schema.gpus import environment_label
 from harness.schema.records import LABELS, CellRecord, NoteKind, Outcome, outcome_label
@@ -56,7 +57,7 @@ def row_key(record: CellRecord, show_backend: bool) -> str:
 
 def row_order(records: Sequence[CellRecord], show_backend: bool) -> list[str]:
     """Rows: the upstream path ``none`` first, then fixes by name; backends grouped."""
-    ordered = sorted(records, key=lambda r: (r.cell.fix != "none", r.cell.fix, r.cell.backend))
+    ordered = sorted(records, key=lambda r: (r.cell.fix != CONTROL_FIX, r.cell.fix, r.cell.backend))
     return list(dict.fromkeys(row_key(r, show_backend) for r in ordered))
 
 
@@ -184,7 +185,7 @@ def detail_lines(records: Sequence[CellRecord]) -> list[str]:
     show_device = len({r.cell.device for r in ran}) > 1
     show_backend = len({r.cell.backend for r in ran}) > 1
     grouped: dict[tuple[str, str], list[str]] = {}
-    for r in sorted(worth_saying, key=lambda r: (r.cell.fix != "none", r.cell)):
+    for r in sorted(worth_saying, key=lambda r: (r.cell.fix != CONTROL_FIX, r.cell)):
         heading = "/".join(column_key(r, show_device))
         grouped.setdefault((row_key(r, show_backend), str(failure_line(r))), []).append(heading)
     return [f"  ! {row} {' '.join(columns)}: {text}" for (row, text), columns in grouped.items()]
