@@ -1,42 +1,33 @@
 """The options ``run`` and ``check`` share, the argument types, and the run's one
-configuration built from them. The selection flags are derived from the axis table."""
+configuration built from them. The selection flags are derived from the axis table, the
+others from the configuration's fields (``harness.schema.config``): each field that is an
+option declares its flag, help, default and the values it takes, once."""
 
 from __future__ import annotations
 
 import argparse
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from harness.schema.axes import AXES, Axis
-from harness.schema.config import MAX_MEMORY_BYTES, MAX_SECONDS, TimingConfig
+from harness.schema.config import (
+    MAX_MEMORY_BYTES,
+    Declared,
+    RunConfig,
+    declared_options,
+    from_flags,
+)
 
 if TYPE_CHECKING:
-    from harness.schema.config import RunConfig
     from harness.schema.selection import Selection
 
 
 def split_values(values: Sequence[str] | None) -> tuple[str, ...]:
     """``--dtype float16,bfloat16 --dtype float32`` -> three values."""
     return tuple(v for value in values or () for v in value.split(",") if v)
-
-
-def batch_size(value: str) -> int:
-    if value.isdigit() and int(value) >= 1:
-        return int(value)
-    raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of cells, 1 or more")
-
-
-def fit_step_count(value: str) -> int:
-    from harness.schema.config import MAX_FIT_STEPS
-
-    if value.isdigit() and 1 <= int(value) <= MAX_FIT_STEPS:
-        return int(value)
-    raise argparse.ArgumentTypeError(
-        f"{value!r} is not a whole number of steps from 1 to {MAX_FIT_STEPS}"
-    )
 
 
 def max_workers() -> int:
@@ -65,10 +56,9 @@ def add_cases_dir(parser: argparse.ArgumentParser) -> None:
 
 
 def add_run_options(parser: argparse.ArgumentParser, axes: tuple[Axis, ...]) -> None:
-    """The options ``run`` and ``check`` share: the selection flags of ``axes``, where the
-    results go, workers, timing, limits."""
-    from harness.schema.config import DEFAULT_TIMEOUT_S, RunConfig
-
+    """The options ``run`` and ``check`` share: the selection flags of ``axes``, then the
+    options the run configuration's fields declare (where the results go, workers, timing,
+    limits)."""
     for axis in axes:
         parser.add_argument(
             f"--{axis.name}",
@@ -77,66 +67,43 @@ def add_run_options(parser: argparse.ArgumentParser, axes: tuple[Axis, ...]) -> 
             metavar="NAME",
             help=f"only this {axis.name} (repeatable, or comma-separated){axis.flag_help}",
         )
+    for declared in declared_options(RunConfig):
+        add_option(parser, declared)
+
+
+def add_option(parser: argparse.ArgumentParser, declared: Declared) -> None:
+    """One option as its field declares it: a switch (``--flush-l2``, ``--no-trace``) or a
+    flag taking a value, read by ``reader``."""
+    option = declared.option
+    names = [name for name in (option.short, option.flag) if name]
+    if option.negated or declared.kind is bool:
+        parser.add_argument(*names, dest=option.dest, action="store_true", help=declared.help)
+        return
     parser.add_argument(
-        "--out",
-        type=Path,
-        default=Path("results"),
-        metavar="DIR",
-        help="results root; the run goes to DIR/<run-id> (default results)",
+        *names,
+        dest=option.dest,
+        type=reader(declared),
+        default=declared.default,
+        metavar=option.metavar,
+        help=declared.help,
     )
-    parser.add_argument(
-        "-n",
-        "--workers",
-        default="auto",
-        type=worker_count_arg,
-        help="worker processes (default auto: one per core; 0: in-process)",
-    )
-    parser.add_argument(
-        "--no-timing", action="store_true", help="skip the timing phase (correctness only)"
-    )
-    parser.add_argument(
-        "--no-trace",
-        action="store_true",
-        help="no dtype trail and no drift check in correctness cells (measures their cost)",
-    )
-    parser.add_argument(
-        "--time-budget",
-        type=seconds,
-        default=TimingConfig.budget_s,
-        metavar="SECONDS",
-        help=f"sampling time allowed per timed cell (default {TimingConfig.budget_s})",
-    )
-    parser.add_argument(
-        "--flush-l2", action="store_true", help="on CUDA, flush the L2 cache before each sample"
-    )
-    parser.add_argument(
-        "--timeout",
-        type=seconds,
-        default=DEFAULT_TIMEOUT_S,
-        metavar="SECONDS",
-        help=f"time limit per cell; a case may set its own (default {DEFAULT_TIMEOUT_S:g})",
-    )
-    parser.add_argument(
-        "--memory-limit",
-        type=memory_gib,
-        metavar="GIB",
-        help="memory limit per cell process (RLIMIT_DATA); beyond it allocations fail",
-    )
-    parser.add_argument(
-        "--batch",
-        type=batch_size,
-        default=RunConfig.batch,
-        metavar="N",
-        help=f"cells of one case sharing a forked process (default {RunConfig.batch}; "
-        "1: every cell in a process of its own)",
-    )
-    parser.add_argument(
-        "--fit-steps",
-        type=fit_step_count,
-        default=RunConfig.fit_steps,
-        metavar="N",
-        help=f"optimizer steps of each fit cell (--stage fit; default {RunConfig.fit_steps})",
-    )
+
+
+def reader(declared: Declared) -> Callable[[str], Any]:
+    """The flag's text as its field's value: read by the option's ``parse`` (``PARSERS``)
+    or its field's type (``BY_TYPE``), then held to the field's ``Rule``."""
+    parse = PARSERS[declared.option.parse] if declared.option.parse else BY_TYPE[declared.kind]
+    rule = declared.rule
+
+    def read(text: str) -> Any:
+        value = parse(text)
+        if value is None or (rule is not None and not rule.fits(value)):
+            refused = rule.refusal(text) if rule else f"{text!r} is not a whole number"
+            raise argparse.ArgumentTypeError(refused)
+        return value
+
+    read.__name__ = declared.option.dest  # argparse names a type by it
+    return read
 
 
 def add_report_dir(parser: argparse.ArgumentParser) -> None:
@@ -159,14 +126,9 @@ def positive_float(value: str) -> float:
     return number
 
 
-def seconds(value: str) -> float:
-    """A time in seconds the platform can wait for (``MAX_SECONDS``, 24.8 days)."""
-    number = positive_float(value)
-    if number > MAX_SECONDS:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} seconds is longer than a run can wait (at most {MAX_SECONDS})"
-        )
-    return number
+def whole_number(value: str) -> int | None:
+    """Digits as a number; None for any other text (its field's ``Rule`` says why)."""
+    return int(value) if value.isdigit() else None
 
 
 def probability(value: str) -> float:
@@ -214,6 +176,22 @@ def memory_gib(value: str) -> float:
     return number
 
 
+def memory_limit(value: str) -> int:
+    """``--memory-limit``: GiB on the command line, bytes in ``Limits.memory_bytes``."""
+    return int(memory_gib(value) * 2**30)
+
+
+#: The readers of flags whose field names one (``Option.parse``).
+PARSERS: dict[str, Callable[[str], Any]] = {"workers": worker_count_arg, "gib": memory_limit}
+#: The readers of the other flags, by their field's type.
+BY_TYPE: dict[Any, Callable[[str], Any]] = {
+    int: whole_number,
+    float: positive_float,
+    str: str,
+    Path: Path,
+}
+
+
 def selection_from(args: argparse.Namespace, axes: tuple[Axis, ...] = AXES) -> Selection:
     """The selection flags; one given with no name at all (``--case ""``) is refused rather
     than read as "every case"."""
@@ -229,22 +207,12 @@ def selection_from(args: argparse.Namespace, axes: tuple[Axis, ...] = AXES) -> S
 
 
 def config_from(args: argparse.Namespace, argv: Sequence[str]) -> RunConfig:
-    """The run's one configuration, built once from the command line."""
-    from harness.schema.config import Limits, RunConfig
-
-    timing = TimingConfig(budget_s=args.time_budget, flush_l2=args.flush_l2)
-    return RunConfig(
+    """The run's one configuration, built once from the command line: the fields that are
+    options from their flags, the selection, the case folders and the command itself."""
+    return from_flags(
+        RunConfig,
+        vars(args),
         selection=selection_from(args),
         cases_dirs=tuple(getattr(args, "cases_dir", ())),
-        results_root=args.out,
-        workers=args.workers,
         command=("python -m harness", *argv),
-        timing=None if args.no_timing else timing,
-        trace=not args.no_trace,
-        batch=args.batch,
-        fit_steps=args.fit_steps,
-        limits=Limits(
-            timeout_s=args.timeout,
-            memory_bytes=int(args.memory_limit * 2**30) if args.memory_limit else None,
-        ),
     )
