@@ -1,8 +1,8 @@
 """Calibration of the fit stage's limits: healthy fits and broken ones side by side.
 
 Every fit runs through the harness's own cell runner (``execute.run_cell`` on a ``fit``
-cell, as ``check --stage fit`` runs it: :func:`harness.measure.fitting.fit` and the
-verdict of :func:`harness.measure.fitting.stall_reason`) and the script prints, per model x
+cell, as ``check --stage fit`` runs it: :func:`harness.measure.running.fitting.fit` and the
+verdict of :func:`harness.measure.running.fitting.stall_reason`) and the script prints, per model x
 recipe x cell, the two figures the verdict reads: the **shortfall** (the share of the
 float64 fit's progress the last loss falls short of) and the **lost** share (of the updates
 the optimizer computed, what the weights' rounding dropped), with the GradScaler's skipped
@@ -66,12 +66,15 @@ from cases.bf16_pure_weights import SMALL as BLOCK_DIMS  # noqa: E402
 from cases.bf16_pure_weights import Block, MasterWeightsAdamW  # noqa: E402
 from cases.fp16_no_grad_scaler import AUX_WEIGHT, TwoHeads  # noqa: E402
 from cases.fp16_no_grad_scaler import SMALL as HEADS_DIMS  # noqa: E402
-from harness.measure import caches, execute, fitting, registry  # noqa: E402
-from harness.measure.case import Case, OptimizerFactory, RunContext, Workload, fix  # noqa: E402
-from harness.measure.fitting import LOST_LIMIT, SHORTFALL_LIMIT  # noqa: E402
-from harness.measure.model_case import Matrix, call_model, model_case  # noqa: E402
-from harness.measure.precision import dtype_of  # noqa: E402
-from harness.measure.training import TARGET_SEED  # noqa: E402
+from harness.measure import execute  # noqa: E402
+from harness.measure.authoring import registry  # noqa: E402
+from harness.measure.authoring.case import Case, OptimizerFactory, RunContext, Workload, fix  # noqa: E402
+from harness.measure.authoring.losses import TARGET_SEED  # noqa: E402
+from harness.measure.authoring.model_case import Matrix, call_model, model_case  # noqa: E402
+from harness.measure.host import caches  # noqa: E402
+from harness.measure.precision.dtypes import dtype_of  # noqa: E402
+from harness.measure.running import fitting  # noqa: E402
+from harness.measure.running.fitting import LOST_LIMIT, SHORTFALL_LIMIT  # noqa: E402
 from harness.runner.matrix import expand  # noqa: E402
 from harness.schema.axes import FIT_STAGE  # noqa: E402
 from harness.schema.records import CellRecord, FitFigures, Outcome, outcome_label  # noqa: E402

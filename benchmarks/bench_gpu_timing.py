@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils import benchmark
 
-from harness.measure import perf
-from harness.measure.timing import stopwatch_for, time_call
+from harness.measure.figures import perf
+from harness.measure.figures.timing import stopwatch_for, time_call
 from harness.schema.config import TimingConfig
 from harness.schema.records import launch_bound
 

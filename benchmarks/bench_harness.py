@@ -27,8 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils import benchmark
 
-from harness.measure import cell_timing, registry
-from harness.measure.timing import time_call
+from harness.measure.authoring import registry
+from harness.measure.figures import cell_timing
+from harness.measure.figures.timing import time_call
 from harness.results import storage
 from harness.results.speed import TIE_RATIO, median_of, rank_with_ties, significantly_faster
 from harness.schema.axes import Column as CellColumn

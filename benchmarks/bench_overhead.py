@@ -31,7 +31,8 @@ TOY = ROOT / "tests" / "fixtures" / "cases" / "toy_mixed_matmul.py"
 
 PLAIN_TEST = """
 import pytest
-from harness.measure import execute, registry
+from harness.measure import execute
+from harness.measure.authoring import registry
 from harness.runner.matrix import expand
 from harness.schema.selection import Selection
 

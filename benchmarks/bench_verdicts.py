@@ -4,7 +4,7 @@ forward outputs and for gradients.
 For every model, every half-precision cell (float16 and bfloat16) and the float32 control
 runs through the harness's own cell runner (``execute.run_cell``, as ``check`` runs it) and
 prints its error over the error of merely rounding its data to the cell's dtype (the
-rounding yardstick of ``harness.measure.rounding``: weights and inputs, and where the model
+rounding yardstick of ``harness.measure.judge.rounding``: weights and inputs, and where the model
 holds its weights in the dtype what each module returns too; in a training step the float64
 step of that rounded model, whose backward rounds the gradient each module receives as the
 cell's model stores it). Two stages:
@@ -48,9 +48,11 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from harness.measure import caches, execute, registry  # noqa: E402
-from harness.measure.model_case import Matrix, case_name, model_case  # noqa: E402
-from harness.measure.numerics import ROUNDING_FACTOR, rounding_ratio  # noqa: E402
+from harness.measure import execute  # noqa: E402
+from harness.measure.authoring import registry  # noqa: E402
+from harness.measure.authoring.model_case import Matrix, case_name, model_case  # noqa: E402
+from harness.measure.host import caches  # noqa: E402
+from harness.measure.judge.numerics import ROUNDING_FACTOR, rounding_ratio  # noqa: E402
 from harness.plugin import MARK  # noqa: E402
 from harness.runner.matrix import expand  # noqa: E402
 from harness.schema.axes import FORWARD_STAGE, TRAIN_STAGE  # noqa: E402

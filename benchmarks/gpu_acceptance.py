@@ -71,7 +71,7 @@ EXIT_PASS, EXIT_MISS, EXIT_CANNOT = 0, 1, 2
 VAR = "var-normalize-promotion"
 CONTROL_MODE = "fp32"
 #: How a record's backend note starts where the real flash-attn kernel ran
-#: (``harness.measure.flash_kernels.backend_note``).
+#: (``harness.measure.host.flash_kernels.backend_note``).
 REAL_KERNEL = "flash-attn: the real kernel"
 #: Outcomes of cells that did not run to a verdict of their own.
 NOT_RUN = (Outcome.SKIPPED, Outcome.CRASHED, Outcome.TIMEOUT)

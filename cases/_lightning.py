@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import torch
 
-from harness.measure.case import RunContext, Upstream
+from harness.measure.authoring.case import RunContext, Upstream
 
 #: Where both Lightning cases' failure is: Lightning's mixed-precision plugin meeting the
 #: encoder fast path (#19980), and torch's side of it.

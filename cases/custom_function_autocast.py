@@ -27,8 +27,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from harness.measure.case import Case, FailureSignature, RunContext, Size, Upstream, Workload, fix
-from harness.measure.registry import register
+from harness.measure.authoring.case import (
+    Case,
+    FailureSignature,
+    RunContext,
+    Size,
+    Upstream,
+    Workload,
+    fix,
+)
+from harness.measure.authoring.registry import register
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,8 @@ from cases.lightning_encoder_fastpath import (
     encoder_workload,
     fastpath_disabled,
 )
-from harness.measure.case import Case, FailureSignature, RunContext, Workload, fix
-from harness.measure.registry import register
+from harness.measure.authoring.case import Case, FailureSignature, RunContext, Workload, fix
+from harness.measure.authoring.registry import register
 
 FIT_STEPS = 20
 LEARNING_RATE = 1e-4

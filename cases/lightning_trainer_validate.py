@@ -33,8 +33,8 @@ from cases.lightning_encoder_fastpath import (
     fastpath_disabled,
     record_self_attention,
 )
-from harness.measure.case import Case, FailureSignature, RunContext, Workload, fix
-from harness.measure.registry import register
+from harness.measure.authoring.case import Case, FailureSignature, RunContext, Workload, fix
+from harness.measure.authoring.registry import register
 
 
 def validation_module(encoder: nn.TransformerEncoder, ctx: RunContext) -> Any:

@@ -38,8 +38,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.measure.case import Case, FailureSignature, RunContext, Size, Upstream, Workload, fix
-from harness.measure.registry import register
+from harness.measure.authoring.case import (
+    Case,
+    FailureSignature,
+    RunContext,
+    Size,
+    Upstream,
+    Workload,
+    fix,
+)
+from harness.measure.authoring.registry import register
 
 
 @dataclass(frozen=True)

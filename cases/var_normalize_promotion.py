@@ -12,13 +12,13 @@ VAR's growing scales, the attention kernel, ``proj``. The ``small`` size runs th
 of a narrow model; ``upstream`` is VAR-d16 (width 1024, 16 heads) over all ten of VAR's
 scales (680 tokens), batch 2 (one class label and its CFG twin).
 
-The ``flash-attn`` backend runs the real kernel (:mod:`harness.measure.flash_kernels`): flash-attn
-2 where it is installed, else flash-attn 4 on sm90+, which refuses the same fp32 query
+The ``flash-attn`` backend runs the real kernel (:mod:`harness.measure.host.flash_kernels`):
+flash-attn 2 where it is installed, else flash-attn 4 on sm90+, which refuses the same fp32 query
 with its own assertion (``q, k, v, and qv must have the same dtype``; all-fp32 inputs:
-``inputs must be float16, bfloat16, fp8 e4m3fn, or fp8 e5m2``). Where neither runs, the
-``flash-attn-contract`` backend (:mod:`harness.measure.flash_contract`) enforces flash-attn 2's
-input checks and messages and computes with SDPA; its outcomes come from that contract,
-not from the real kernel.
+``inputs must be float16, bfloat16, fp8 e4m3fn, or fp8 e5m2``). Where neither runs,
+the ``flash-attn-contract`` backend (:mod:`harness.measure.host.flash_contract`) enforces
+flash-attn 2's input checks and messages and computes with SDPA; its outcomes come from that
+contract, not from the real kernel.
 
 Training (the ``train`` stage, on the ``sdpa`` backend only): ``VAR.forward`` (models/var.py)
 teacher-forces every scale at once with a block-causal ``attn_bias`` (``d >= dT``: a token
@@ -49,10 +49,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.measure import flash_kernels
-from harness.measure.case import Case, FailureSignature, RunContext, Size, Upstream, Workload, fix
-from harness.measure.flash_contract import flash_attn_contract_func
-from harness.measure.registry import register
+from harness.measure.authoring.case import (
+    Case,
+    FailureSignature,
+    RunContext,
+    Size,
+    Upstream,
+    Workload,
+    fix,
+)
+from harness.measure.authoring.registry import register
+from harness.measure.host import flash_kernels
+from harness.measure.host.flash_contract import flash_attn_contract_func
 from harness.schema.axes import TRAIN_STAGE, Cell
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from harness.schema.surface import lazy_surface
 
 if TYPE_CHECKING:
-    from harness.measure.case import (
+    from harness.measure.authoring.case import (
         Case,
         FailureSignature,
         RunContext,
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
         Workload,
         fix,
     )
-    from harness.measure.registry import register
+    from harness.measure.authoring.registry import register
     from harness.plugin import check_model
 
 #: The names a case author imports, by the package that serves them (the case API from

@@ -8,11 +8,11 @@ Installed with ampmatrix (the ``pytest11`` entry point ``ampmatrix``)::
     def test_my_block():
         return MyBlock(64), {"x": torch.randn(2, 16, 64)}
 
-The function is a factory (see :mod:`harness.measure.model_case`); pytest runs one item per cell,
-``test_my_block[float16-half]`` and so on, plus the float32 control. A cell passes when the
-output is finite and within tolerance of the same model in float64, with no flag (a mode's
-promise the model broke); otherwise it fails with what raised or drifted and where float32
-entered. ``expect={"float16/half": "inaccurate"}`` marks a known, accepted failure (the
+The function is a factory (see :mod:`harness.measure.authoring.model_case`); pytest runs one
+item per cell, ``test_my_block[float16-half]`` and so on, plus the float32 control. A cell passes
+when the output is finite and within tolerance of the same model in float64, with no flag (a mode's
+promise the model broke); otherwise it fails with what raised or drifted and where float32 entered.
+``expect={"float16/half": "inaccurate"}`` marks a known, accepted failure (the
 item is an xfail; it fails when the outcome changes). ``--ampmatrix-results DIR`` appends
 every cell's record to the run folder ``DIR`` for ``python -m harness report DIR``.
 
@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from harness.measure.case import Case
-    from harness.measure.model_case import Matrix
+    from harness.measure.authoring.case import Case
+    from harness.measure.authoring.model_case import Matrix
     from harness.schema.axes import Cell
     from harness.schema.records import CellRecord, Note
 
@@ -52,8 +52,8 @@ class ModelTest:
     loss: Callable[..., Any] | None = None
 
     def case(self, name: str, source: str) -> Case:
-        from harness.measure import registry
-        from harness.measure.model_case import model_case
+        from harness.measure.authoring import registry
+        from harness.measure.authoring.model_case import model_case
 
         found = registry.find(name)
         return found or model_case(name, self.factory, self.matrix, source, loss=self.loss)
@@ -79,7 +79,7 @@ def check_model(
     where ``loss`` is given (it wins over a loss the model returns), else the model's own
     ``loss``, else the mean squared error against a fixed random target.
     """
-    from harness.measure.model_case import (  # torch is imported here, by a test module
+    from harness.measure.authoring.model_case import (  # torch is imported here, by a test module
         Matrix,
         check_loss_signature,
         check_loss_stages,
@@ -137,7 +137,7 @@ def remember_torch_state() -> None:
     torch and then changes its settings at import is not told apart from torch's own."""
     global _TORCH_STATE
     if _TORCH_STATE is None and "torch" in sys.modules:
-        from harness.measure import torch_state
+        from harness.measure.host import torch_state
 
         _TORCH_STATE = torch_state.snapshot()
 
@@ -154,7 +154,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     spec: ModelTest | None = getattr(metafunc.function, MARK, None)
     if spec is None:
         return
-    from harness.measure.model_case import case_name
+    from harness.measure.authoring.model_case import case_name
     from harness.runner.matrix import expand
 
     case = spec.case(case_name(metafunc.function.__name__), str(metafunc.definition.path))
@@ -198,7 +198,7 @@ def settle_torch() -> Note | None:
     """Put torch's global settings back as they were before the tests were imported (a
     test module or fixture that sets the default dtype, say, would change every model
     cell after it); a note says what had changed, or None."""
-    from harness.measure import torch_state
+    from harness.measure.host import torch_state
 
     remember_torch_state()
     assert _TORCH_STATE is not None  # a model cell has torch loaded
@@ -258,8 +258,8 @@ def failure_message(record: CellRecord) -> str:
 def keep_record(run_dir: Path, record: CellRecord) -> None:
     """Append the record to the run folder, with the environment and the case's metadata
     (written by the first process that needs them; several pytest-xdist workers share it)."""
-    from harness.measure import registry
-    from harness.measure.environment import capture_environment
+    from harness.measure.authoring import registry
+    from harness.measure.host.environment import capture_environment
     from harness.results import storage
 
     run_dir.mkdir(parents=True, exist_ok=True)

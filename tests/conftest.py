@@ -12,7 +12,8 @@ from types import ModuleType
 
 import pytest
 
-from harness.measure import caches, registry
+from harness.measure.authoring import registry
+from harness.measure.host import caches
 
 pytest_plugins = ["pytester"]
 

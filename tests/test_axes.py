@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from harness.cli.options import add_run_options, selection_from
-from harness.measure.registry import unknown_axis_values
+from harness.measure.authoring.registry import unknown_axis_values
 from harness.plugin import cell_id, expected_label
 from harness.schema.axes import AXES, COLUMN_AXES, MODEL_AXES, Cell, Column, axes_of, axis
 from harness.schema.selection import Selection, SelectionError, check_selection

@@ -14,11 +14,11 @@ import pytest
 import torch
 from torch import nn
 
-from harness.measure.precision import Precision
-from harness.measure.python_watch import PythonWatch, watch_python
-from harness.measure.source_sites import shown
-from harness.measure.trail import DtypeTracer, Names, tracing
-from harness.measure.training import TrainedStep, train_step
+from harness.measure.precision.modes import Precision
+from harness.measure.running.training import TrainedStep, train_step
+from harness.measure.tracing.python_watch import PythonWatch, watch_python
+from harness.measure.tracing.source_sites import shown
+from harness.measure.tracing.trail import DtypeTracer, Names, tracing
 from harness.results.summary import render_summary
 from harness.schema.axes import Cell
 from harness.schema.records import CellRecord, Note, NoteKind, Outcome

@@ -12,7 +12,7 @@ from typing import NoReturn
 
 import pytest
 
-from harness.measure import cell_timing, perf
+from harness.measure.figures import cell_timing, perf
 from harness.results import storage
 from harness.runner import isolation
 from harness.schema.axes import Cell

@@ -1,5 +1,5 @@
 """Every process-global cache of the measuring and running layers is registered in
-``harness.measure.caches``, and its one ``reset`` empties each of them."""
+``harness.measure.host.caches``, and its one ``reset`` empties each of them."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from harness.measure import caches
+from harness.measure.host import caches
 from tests.conftest import ROOT
 
 #: The layers whose modules keep process-global caches.
@@ -30,17 +30,10 @@ def import_caching_modules() -> None:
 
 def function_fillers() -> dict[str, Callable[[], Any]]:
     """A call that puts an entry in each cached function's cache."""
-    from harness.measure import (
-        cuda_facts,
-        environment,
-        flash_kernels,
-        kernels,
-        perf,
-        source_sites,
-        torch_state,
-        trail,
-        training,
-    )
+    from harness.measure.figures import perf
+    from harness.measure.host import cuda_facts, environment, flash_kernels, torch_state
+    from harness.measure.running import training
+    from harness.measure.tracing import kernels, source_sites, trail
 
     mm = torch.ops.aten.mm.default
     fillers: dict[Callable[..., Any], Callable[[], Any]] = {
@@ -70,7 +63,7 @@ def fill(name: str, found: caches.Cache, fillers: dict[str, Callable[[], Any]]) 
 def test_the_reset_empties_every_registered_cache(
     monkeypatch: pytest.MonkeyPatch, fresh_caches: None
 ) -> None:
-    from harness.measure import perf
+    from harness.measure.figures import perf
 
     monkeypatch.setattr(perf, "peak_memory_cpu", lambda fn: 0)  # no profiler start
     import_caching_modules()
@@ -80,9 +73,10 @@ def test_the_reset_empties_every_registered_cache(
             fill(name, found, fillers)
     sizes = caches.sizes()
     assert [name for name, size in sizes.items() if size == 0] == []
-    assert {"harness.measure.references._REFERENCES", "harness.runner.isolation._SHARED"} <= set(
-        sizes
-    )
+    assert {
+        "harness.measure.judge.references._REFERENCES",
+        "harness.runner.isolation._SHARED",
+    } <= set(sizes)
     caches.reset()
     assert {name: size for name, size in caches.sizes().items() if size} == {}
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.measure.model_case import Matrix
+from harness.measure.authoring.model_case import Matrix
 from harness.results import storage
 from harness.schema.axes import STAGES
 from harness.schema.records import CellRecord, CrashKind, Outcome

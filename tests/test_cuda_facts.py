@@ -1,6 +1,6 @@
 """The process that plans a run and forks its cells never starts CUDA (a child forked after
 it did could not start it again: every CUDA cell of a one-GPU run crashed so on an H200):
-what only CUDA can say is asked in a forked child (harness.measure.cuda_facts)."""
+what only CUDA can say is asked in a forked child (harness.measure.host.cuda_facts)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from harness.measure import caches, cuda_facts, environment, flash_kernels
-from harness.measure.cuda_facts import CudaFacts, DeviceFacts
+from harness.measure.host import caches, cuda_facts, environment, flash_kernels
+from harness.measure.host.cuda_facts import CudaFacts, DeviceFacts
 
 #: Each test's fake GPU leaves the process's caches as they were (empty) after it.
 pytestmark = pytest.mark.usefixtures("fresh_caches")

@@ -13,10 +13,11 @@ import pytest
 import torch
 from torch import nn
 
-from harness.measure import execute, references
-from harness.measure.model_case import Matrix, model_case
-from harness.measure.numerics import ROUNDING_FACTOR, rounding_ratio
-from harness.measure.rounding import (
+from harness.measure import execute
+from harness.measure.authoring.model_case import Matrix, model_case
+from harness.measure.judge import references
+from harness.measure.judge.numerics import ROUNDING_FACTOR, rounding_ratio
+from harness.measure.judge.rounding import (
     noise_source,
     round_stored,
     rounding_outputs,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.measure import cell_record, errors, execute, fix_run
+from harness.measure import execute
+from harness.measure.running import crashes, errors, fix_run
 from harness.schema.axes import Cell
 from harness.schema.records import CrashKind, Outcome
 
@@ -71,7 +72,7 @@ def test_same_cell_twice_gives_identical_figures(toy_registry: None) -> None:
 def test_skipped_and_crashed_records_carry_their_reason() -> None:
     cell = toy_cell("none")
     assert execute.skipped_record(cell, "why").skip_reason == "why"
-    crashed = cell_record.limit_record(
+    crashed = crashes.limit_record(
         cell, Outcome.CRASHED, "WorkerDied", "x" * 10_000, "gw1", CrashKind.WORKER_DIED
     )
     assert crashed.outcome is Outcome.CRASHED and crashed.crash_kind is CrashKind.WORKER_DIED
@@ -98,7 +99,7 @@ def test_skipped_and_crashed_records_carry_their_reason() -> None:
 def test_a_seed_cell_run_twice_gives_bit_identical_output(cell: Cell) -> None:
     import torch
 
-    from harness.measure import registry
+    from harness.measure.authoring import registry
 
     registry.discover()
     case = registry.get(cell.case)

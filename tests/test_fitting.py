@@ -1,4 +1,4 @@
-"""The ``fit`` stage (``harness.measure.fitting``): updates lost to the weights' rounding,
+"""The ``fit`` stage (``harness.measure.running.fitting``): updates lost to the weights' rounding,
 the GradScaler's skipped steps, the verdict on a fit's figures, the figures' round trip
 through a record, and ``check --stage fit`` end to end."""
 
@@ -17,8 +17,9 @@ import torch
 from torch import nn
 
 from cases.bf16_pure_weights import MasterWeightsAdamW
-from harness.measure import fitting
-from harness.measure.fitting import (
+from harness.measure.precision.modes import Precision
+from harness.measure.running import fitting
+from harness.measure.running.fitting import (
     LOST_LIMIT,
     SHORTFALL_LIMIT,
     FitRun,
@@ -27,7 +28,6 @@ from harness.measure.fitting import (
     shortfall,
     stall_reason,
 )
-from harness.measure.precision import Precision
 from harness.results import storage
 from harness.schema.axes import Cell
 from harness.schema.records import CellRecord, FitFigures, Outcome

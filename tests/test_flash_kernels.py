@@ -9,8 +9,11 @@ from typing import Any
 import pytest
 import torch
 
-from harness.measure import cell_record, environment, flash_kernels, judging, registry
-from harness.measure.flash_kernels import FLASH_ATTN_2, FLASH_ATTN_4, FlashPackage
+from harness.measure.authoring import registry
+from harness.measure.host import environment, flash_kernels
+from harness.measure.host.flash_kernels import FLASH_ATTN_2, FLASH_ATTN_4, FlashPackage
+from harness.measure.judge import judging
+from harness.measure.running import crashes
 from harness.schema.axes import Cell
 from harness.schema.records import CellRecord, NoteKind, Outcome
 
@@ -76,13 +79,13 @@ def test_neither_installed_the_contract_stands_in(monkeypatch: pytest.MonkeyPatc
 def test_records_say_which_kernel_ran(monkeypatch: pytest.MonkeyPatch) -> None:
     installed(monkeypatch, flash_attn_4="4.0.0b36")
     on_gpu(monkeypatch, 9, 0)
-    note = cell_record.backend_note(Cell("c", "none", "cuda:0", "float16", "half", "flash-attn"))
+    note = crashes.backend_note(Cell("c", "none", "cuda:0", "float16", "half", "flash-attn"))
     assert note is not None and note.kind is NoteKind.BACKEND
     assert note.text.startswith(
         "flash-attn: the real kernel, flash-attn-4 4.0.0b36 (flash_attn.cute)"
     )
     assert "outside torch's dispatcher" in note.text  # the trail cannot see inside it
-    contract = cell_record.backend_note(Cell("c", "none", "cpu", "float16", "half",
+    contract = crashes.backend_note(Cell("c", "none", "cpu", "float16", "half",
                                          "flash-attn-contract"))  # fmt: skip
     assert contract is not None and contract.kind is NoteKind.BACKEND
     assert "flash-attn 2's input contract and error messages" in contract.text

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from harness import cli
-from harness.measure import cuda_facts, environment, flash_kernels
-from harness.measure.cuda_facts import CudaFacts, DeviceFacts
+from harness.measure.host import cuda_facts, environment, flash_kernels
+from harness.measure.host.cuda_facts import CudaFacts, DeviceFacts
 from harness.report import aggregate
 from harness.report.compare import pair_runs
 from harness.report.markdown import render_markdown

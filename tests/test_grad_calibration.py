@@ -15,10 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.measure import execute, kinks
-from harness.measure.model_case import Matrix, model_case
-from harness.measure.numerics import ROUNDING_FACTOR, rounding_ratio
-from harness.measure.rounding import rounding_outputs, stored_rounding
+from harness.measure import execute
+from harness.measure.authoring.model_case import Matrix, model_case
+from harness.measure.judge.numerics import ROUNDING_FACTOR, rounding_ratio
+from harness.measure.judge.rounding import rounding_outputs, stored_rounding
+from harness.measure.running import kinks
 from harness.runner.matrix import expand
 from harness.schema.axes import TRAIN_STAGE
 from harness.schema.records import CellRecord, NoteKind, outcome_label
@@ -89,7 +90,7 @@ def test_a_healthy_relu_encoder_48_layers_deep_passes_along_its_own_sides_of_the
 ) -> None:
     """Units within rounding of a ReLU's kink cross it by chance, and each crossing moves
     the gradients before it by the unit's whole share: judged against float64 along the
-    cell's own sides (harness.measure.kinks) the step passes; without the band (width 0)
+    cell's own sides (harness.measure.running.kinks) the step passes; without the band (width 0)
     the same step reads tens to hundreds of times its rounding."""
     record = train_cell("relu-48l-train", relu_encoder, dtype, mode)
     assert outcome_label(record) == "passes"

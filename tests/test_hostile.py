@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from harness.cli import output
-from harness.measure import torch_state
+from harness.measure.host import torch_state
 from harness.results import storage
 from harness.runner.run import missing_cells
 from harness.schema.records import CellRecord, CrashKind, NoteKind, Outcome

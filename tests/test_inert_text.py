@@ -126,8 +126,10 @@ def test_markdown_summary_keeps_outside_text_in_its_cell(tmp_path: Path) -> None
 HOSTILE_CASE = """
 import torch
 
-from harness.measure.case import Case, FailureSignature, RunContext, Upstream, Workload, fix
-from harness.measure.registry import register
+from harness.measure.authoring.case import (
+    Case, FailureSignature, RunContext, Upstream, Workload, fix,
+)
+from harness.measure.authoring.registry import register
 
 
 @register

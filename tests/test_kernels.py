@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from harness.measure.kernels import ATTENTION, MATMUL, kernel_kind
-from harness.measure.observe import CoreObservation, record_core_dtypes
-from harness.measure.python_watch import PythonWatch, watch_python
-from harness.measure.trail import DtypeTracer, Names, tracing
+from harness.measure.tracing.kernels import ATTENTION, MATMUL, kernel_kind
+from harness.measure.tracing.observe import CoreObservation, record_core_dtypes
+from harness.measure.tracing.python_watch import PythonWatch, watch_python
+from harness.measure.tracing.trail import DtypeTracer, Names, tracing
 
 
 def core_work() -> None:

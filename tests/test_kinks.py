@@ -1,4 +1,4 @@
-"""A training step is judged along its own sides of the ReLU kinks (harness.measure.kinks):
+"""A training step is judged along its own sides of the ReLU kinks (harness.measure.running.kinks):
 the recorder changes nothing, the replay moves only the units within the band, and only
 crossings within the band count."""
 
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.measure.kinks import (
+from harness.measure.running.kinks import (
     KINK_WIDTH,
     KinkRecorder,
     KinkReplay,

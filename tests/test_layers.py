@@ -35,6 +35,18 @@ LAYERS: dict[str, set[str]] = {
 }
 READ_SIDE = ("schema", "results", "report")
 
+#: ``harness.measure``'s subpackages, each with those it may import (``execute``, the
+#: package's top module, ties them together and may import any).
+MEASURE_PARTS: dict[str, set[str]] = {
+    "host": set(),
+    "precision": set(),
+    "tracing": {"host", "precision"},
+    "authoring": {"host", "precision", "tracing"},
+    "running": {"host", "precision", "tracing", "authoring"},
+    "judge": {"host", "precision", "tracing", "authoring", "running"},
+    "figures": {"host", "precision", "tracing", "authoring", "running"},
+}
+
 
 def module_name(path: Path) -> str:
     parts = path.relative_to(ROOT).with_suffix("").parts
@@ -102,6 +114,49 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
         and theirs not in LAYERS[mine]
     ]
     assert upward == []
+
+
+def measure_part(module: str) -> str | None:
+    """``harness.measure.host.caches`` -> ``host``; None outside a subpackage of measure."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[1] == "measure" else None
+
+
+def test_every_measure_module_is_in_a_declared_subpackage() -> None:
+    placed = [m for m in harness_modules() if layer_of(m) == "measure"]
+    loose = [
+        m
+        for m in placed
+        if measure_part(m) is None
+        and m not in ("harness.measure", "harness.measure.execute")
+        and m.split(".")[2] not in MEASURE_PARTS
+    ]
+    assert loose == []
+    assert {measure_part(m) for m in placed} - {None} == set(MEASURE_PARTS)
+
+
+def test_no_measure_subpackage_imports_one_after_it() -> None:
+    upward = [
+        f"{source} imports {target}"
+        for source, targets in import_graph(module_level_only=False).items()
+        for target in targets
+        if (mine := measure_part(source)) is not None
+        and (theirs := measure_part(target)) is not None
+        and theirs != mine
+        and theirs not in MEASURE_PARTS[mine]
+    ] + [
+        f"{source} imports {target}"
+        for source, targets in import_graph(module_level_only=False).items()
+        for target in targets
+        if measure_part(source) is not None and target == "harness.measure.execute"
+    ]
+    assert upward == []
+
+
+@pytest.mark.parametrize("part", sorted(MEASURE_PARTS))
+def test_each_measure_subpackage_says_what_it_holds(part: str) -> None:
+    module = importlib.import_module(f"harness.measure.{part}")
+    assert module.__doc__ and "import" in module.__doc__, f"harness.measure.{part}"
 
 
 def test_no_layer_imports_the_package_root() -> None:

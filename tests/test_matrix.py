@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness.measure import environment, registry
-from harness.measure.case import Case
+from harness.measure.authoring import registry
+from harness.measure.authoring.case import Case
+from harness.measure.host import environment
 from harness.runner import matrix
 from harness.runner.matrix import expand
 from harness.schema.axes import Cell
@@ -78,7 +79,7 @@ def test_unknown_names_are_refused_with_suggestions(
 
 
 def test_backend_skip_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness.measure import environment, flash_kernels
+    from harness.measure.host import environment, flash_kernels
 
     monkeypatch.setattr(flash_kernels, "installed_version", lambda dist: None)
     assert "neither flash-attn 2" in str(environment.backend_skip_reason("cuda:0", "flash-attn"))

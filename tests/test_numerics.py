@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from harness.measure import numerics
+from harness.measure.judge import numerics
 
 
 def test_relative_error_is_max_abs_over_reference_scale() -> None:

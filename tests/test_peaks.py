@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.measure import caches, peaks, perf
+from harness.measure.figures import peaks, perf
+from harness.measure.host import caches
 
 
 @pytest.fixture(autouse=True)

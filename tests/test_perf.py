@@ -11,8 +11,9 @@ import torch
 from torch._C._autograd import DeviceType
 from torch.utils.flop_counter import FlopCounterMode
 
-from harness.measure import caches, cuda_facts, perf
-from harness.measure.timing import Timing
+from harness.measure.figures import perf
+from harness.measure.figures.timing import Timing
+from harness.measure.host import caches, cuda_facts
 from harness.results.speed import (
     interquartile_range,
     median_of,
@@ -184,7 +185,9 @@ def test_the_profiler_is_not_warmed_where_a_gpu_is_visible(
 def test_a_timing_worker_still_forks_children_that_use_cuda() -> None:
     script = (
         "import torch\n"
-        "from harness.measure import perf, torch_state, trail\n"
+        "from harness.measure.figures import perf\n"
+        "from harness.measure.host import torch_state\n"
+        "from harness.measure.tracing import trail\n"
         "from harness.runner import isolation\n"
         "perf.warm_up(); trail.warm_up(); torch_state.snapshot()\n"
         "forked = isolation.run_forked(\n"

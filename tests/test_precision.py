@@ -10,17 +10,16 @@ import pytest
 import torch
 from torch import nn
 
-from harness.measure import cell_timing, execute, fix_run, registry
-from harness.measure.case import Case, Workload
-from harness.measure.precision import (
-    NO_AUTOCAST,
-    NOT_HALF,
-    Precision,
-    leftover_precision,
-    output_leaves,
-)
-from harness.measure.python_watch import PythonWatch, watch_python
-from harness.measure.timing import ClockStopwatch
+from harness.measure import execute
+from harness.measure.authoring import registry
+from harness.measure.authoring.case import Case, Workload
+from harness.measure.figures import cell_timing
+from harness.measure.figures.timing import ClockStopwatch
+from harness.measure.precision.flags import NO_AUTOCAST, NOT_HALF, leftover_precision
+from harness.measure.precision.modes import Precision
+from harness.measure.precision.outputs import output_leaves
+from harness.measure.running import fix_run
+from harness.measure.tracing.python_watch import PythonWatch, watch_python
 from harness.results import storage
 from harness.schema.axes import Cell
 from harness.schema.records import (

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.measure import registry
-from harness.measure.case import Case, FailureSignature, Upstream, Workload, fix
-from harness.measure.registry import CaseContractError, register
+from harness.measure.authoring import registry
+from harness.measure.authoring.case import Case, FailureSignature, Upstream, Workload, fix
+from harness.measure.authoring.registry import CaseContractError, register
 from tests.conftest import BROKEN_CASES, TOY_CASES
 
 

@@ -263,7 +263,7 @@ def test_a_fix_that_kills_the_timing_process_costs_only_its_own_figures(
 ) -> None:
     """The columns of one case share a timing process: when a fix kills it, the cells of
     its column are timed each alone, and the columns after it in a process of their own."""
-    from harness.measure import registry
+    from harness.measure.authoring import registry
     from harness.runner.isolation import time_columns_isolated
     from harness.schema.axes import Cell
     from harness.schema.config import Limits, TimingConfig

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.measure.timing import ClockStopwatch, CudaEventStopwatch, stopwatch_for
+from harness.measure.figures.timing import ClockStopwatch, CudaEventStopwatch, stopwatch_for
 from harness.results import storage
 from harness.runner import isolation, run
 from harness.runner.cell_items import Controller

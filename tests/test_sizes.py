@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.measure import registry
-from harness.measure.case import Case, Size
-from harness.measure.registry import contract_problems
+from harness.measure.authoring import registry
+from harness.measure.authoring.case import Case, Size
+from harness.measure.authoring.registry import contract_problems
 from harness.results import storage
 from harness.results.speed import speed_ratios
 from harness.results.summary import render_summary

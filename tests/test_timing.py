@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from harness.measure.timing import (
+from harness.measure.figures.timing import (
     ClockStopwatch,
     Plateau,
     Timing,

@@ -13,9 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.measure import execute, registry
-from harness.measure.python_watch import PythonWatch, watch_python
-from harness.measure.trail import DtypeTracer, Names, tracing
+from harness.measure import execute
+from harness.measure.authoring import registry
+from harness.measure.tracing.python_watch import PythonWatch, watch_python
+from harness.measure.tracing.trail import DtypeTracer, Names, tracing
 from harness.schema.axes import Cell
 from harness.schema.records import Outcome
 from harness.schema.trail_records import Promotion, Site, Trail

@@ -15,12 +15,15 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from harness.measure import execute, fix_run, judging, registry
-from harness.measure.case import Case, RunContext, Workload, fix
-from harness.measure.model_case import Matrix, model_case
-from harness.measure.numerics import ROUNDING_FACTOR, rounding_ratio
-from harness.measure.precision import ISLAND_NOTE, UNDONE_UPCAST
-from harness.measure.rounding import noise_source, round_to
+from harness.measure import execute
+from harness.measure.authoring import registry
+from harness.measure.authoring.case import Case, RunContext, Workload, fix
+from harness.measure.authoring.model_case import Matrix, model_case
+from harness.measure.judge import judging
+from harness.measure.judge.numerics import ROUNDING_FACTOR, rounding_ratio
+from harness.measure.judge.rounding import noise_source, round_to
+from harness.measure.precision.flags import ISLAND_NOTE, UNDONE_UPCAST
+from harness.measure.running import fix_run
 from harness.runner.matrix import expand
 from harness.schema.axes import Cell
 from harness.schema.records import DRIFT, CellRecord, NoteKind, Outcome, outcome_label
@@ -349,7 +352,7 @@ def test_a_gpu_float32_control_with_tf32_on_is_judged_against_tf32(
 
 
 def test_kernel_flops_from_shapes() -> None:
-    from harness.measure.kernels import kernel_flops
+    from harness.measure.tracing.kernels import kernel_flops
 
     a, b = torch.empty(3, 5, 7), torch.empty(3, 7, 2)
     assert kernel_flops(torch.ops.aten.bmm.default, [a, b], []) == 2 * 3 * 5 * 7 * 2

@@ -82,10 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
 #: The errors of the run machinery that end a command with one line, by module: a module
 #: that was not imported (it imports torch: ``report`` never imports it) raised none.
 RUN_ERRORS = (
-    ("harness.measure.registry", "CaseContractError"),
+    ("harness.measure.authoring.registry", "CaseContractError"),
     ("harness.schema.selection", "SelectionError"),
-    ("harness.measure.model_case", "ModelCheckError"),
-    ("harness.measure.import_probe", "ImportTimeoutError"),
+    ("harness.measure.authoring.model_case", "ModelCheckError"),
+    ("harness.measure.authoring.import_probe", "ImportTimeoutError"),
 )
 
 

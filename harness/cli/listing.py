@@ -10,7 +10,7 @@ from harness.cli.options import add_cases_dir
 from harness.schema.axes import EAGER, MODES
 
 if TYPE_CHECKING:
-    from harness.measure.case import Case
+    from harness.measure.authoring.case import Case
 
 HELP = "list cases, fixes, axes, upstream links"
 
@@ -52,7 +52,7 @@ def describe_case(case: Case) -> list[str]:
 
 def size_lines(case: Case) -> list[str]:
     """Each declared size with its dimensions and, past the small one, its source."""
-    from harness.measure.case import size_metadata
+    from harness.measure.authoring.case import size_metadata
 
     lines = []
     for size in case.sizes:

@@ -1,6 +1,9 @@
-"""Measuring one cell in this process (torch): the case API, putting a cell's precision on
-a workload, the dtype trail, the float64 reference and the tolerance rule, timing and
-figures, and the process-global caches with their one reset.
+"""Measuring one cell in this process (torch), in subpackages that import only those
+before them: ``host`` (this process, its torch, devices and caches), ``precision`` (a
+cell's precision put on a workload), ``tracing`` (the dtype trail), ``authoring`` (the case
+API), ``running`` (a fix run, its training step and fit), then ``judge`` (the float64
+reference and the tolerance rule) and ``figures`` (timing, speed and memory), which
+``execute`` ties together into one cell's record.
 
 Its public surface is below, each name loaded from its module on first use; see
 ``docs/architecture.md`` for the layers.
@@ -9,17 +12,17 @@ Its public surface is below, each name loaded from its module on first use; see
 from harness.schema.surface import lazy_surface
 
 SURFACE = {
-    "Case": "case",
-    "FailureSignature": "case",
-    "RunContext": "case",
-    "Size": "case",
-    "Upstream": "case",
-    "Workload": "case",
-    "fix": "case",
-    "register": "registry",
+    "Case": "authoring.case",
+    "FailureSignature": "authoring.case",
+    "RunContext": "authoring.case",
+    "Size": "authoring.case",
+    "Upstream": "authoring.case",
+    "Workload": "authoring.case",
+    "fix": "authoring.case",
+    "register": "authoring.registry",
     "run_cell": "execute",
-    "time_call": "timing",
-    "reset": "caches",
+    "time_call": "figures.timing",
+    "reset": "host.caches",
 }
 __all__ = sorted(SURFACE)
 __getattr__ = lazy_surface(__name__, SURFACE)

@@ -2,11 +2,11 @@
 the reference; every cell of a plan gets a record, run (``run_cell``) or not
 (``skipped_record``).
 
-The steps live in modules of their own: running the fix (:mod:`harness.measure.fix_run`),
-the shared reference and yardsticks (:mod:`harness.measure.references`), judging
-(:mod:`harness.measure.judging`), the records of cells with no outcome of their own
-(:mod:`harness.measure.cell_record`), and timing the cells that ran
-(:mod:`harness.measure.cell_timing`).
+The steps live in modules of their own: running the fix (:mod:`harness.measure.running.fix_run`),
+the shared reference and yardsticks (:mod:`harness.measure.judge.references`), judging
+(:mod:`harness.measure.judge.judging`), the records of cells with no outcome of their own
+(:mod:`harness.measure.running.crashes`), and timing the cells that ran
+(:mod:`harness.measure.figures.cell_timing`).
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from dataclasses import replace
 
 import torch
 
-from harness.measure import registry, torch_state
-from harness.measure.cell_record import backend_note, changed_note, crashed
-from harness.measure.errors import ReferenceFailed, WorkloadFailed
-from harness.measure.fix_run import context_for, run_fix_checked
-from harness.measure.judging import classify
+from harness.measure.authoring import registry
+from harness.measure.host import torch_state
+from harness.measure.judge.judging import classify
+from harness.measure.running.crashes import backend_note, changed_note, crashed
+from harness.measure.running.errors import ReferenceFailed, WorkloadFailed
+from harness.measure.running.fix_run import context_for, run_fix_checked
 from harness.schema.axes import Cell
 from harness.schema.records import CellRecord, CrashKind, Outcome
 

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 import torch
 
-from harness.measure import cell_record, errors, fitting, model_case, registry
+from harness.measure.authoring import model_case, registry
+from harness.measure.running import crashes, errors, fitting
 from harness.results import storage
 from harness.runner.isolation import (
     batch_records,
@@ -300,7 +301,7 @@ def crashed_cell(run_dir: Path, cells: list[Cell], message: str, worker: str) ->
     if running is None:
         return []
     return [
-        cell_record.limit_record(
+        crashes.limit_record(
             running, Outcome.CRASHED, "WorkerDied", message, worker, CrashKind.WORKER_DIED
         )
     ]

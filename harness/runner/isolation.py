@@ -34,21 +34,14 @@ from typing import Any
 
 import torch
 
-from harness.measure import (
-    caches,
-    cell_record,
-    cell_timing,
-    errors,
-    execute,
-    forking,
-    perf,
-    references,
-    registry,
-    torch_state,
-    trail,
-    training,
-)
-from harness.measure.references import Baseline
+from harness.measure import execute
+from harness.measure.authoring import registry
+from harness.measure.figures import cell_timing, perf
+from harness.measure.host import caches, forking, torch_state
+from harness.measure.judge import references
+from harness.measure.judge.references import Baseline
+from harness.measure.running import crashes, errors, training
+from harness.measure.tracing import trail
 from harness.schema.axes import FORWARD_STAGE, Cell
 from harness.schema.config import Limits, TimingConfig
 from harness.schema.records import CellRecord, CrashKind, Note, NoteKind, Outcome
@@ -296,7 +289,7 @@ def batch_records(
             yield record
     except Exception as error:  # the harness failed around the cells: record why
         for cell in cells[done:]:
-            yield cell_record.harness_failure(cell, error, worker)
+            yield crashes.harness_failure(cell, error, worker)
 
 
 def run_cells_in_child(
@@ -307,7 +300,7 @@ def run_cells_in_child(
 
 
 def shared_failed(cell: Cell, failure: str, worker: str) -> CellRecord:
-    return cell_record.limit_record(
+    return crashes.limit_record(
         cell, Outcome.CRASHED, "ReferenceFailed", failure, worker, CrashKind.REFERENCE_FAILED
     )
 
@@ -316,8 +309,8 @@ def failed_cell(cell: Cell, forked: Forked, worker: str) -> CellRecord:
     """The record of a cell whose process gave no record: it overran, or died."""
     assert forked.failure is not None
     if forked.timed_out:
-        return cell_record.limit_record(cell, Outcome.TIMEOUT, "Timeout", forked.failure, worker)
-    return cell_record.limit_record(
+        return crashes.limit_record(cell, Outcome.TIMEOUT, "Timeout", forked.failure, worker)
+    return crashes.limit_record(
         cell, Outcome.CRASHED, "ProcessDied", forked.failure, worker, CrashKind.PROCESS_DIED
     )
 

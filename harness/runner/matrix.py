@@ -11,13 +11,13 @@ import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from harness.measure.case import Case, Fix
-from harness.measure.environment import (
+from harness.measure.authoring.case import Case, Fix
+from harness.measure.host.environment import (
     cuda_devices,
     environment_skip_reason,
     torch_version_skip_reason,
 )
-from harness.measure.training import grad_scaler_skip_reason
+from harness.measure.running.training import grad_scaler_skip_reason
 from harness.schema.axes import (
     AXIS,
     CONTROL_DTYPE,

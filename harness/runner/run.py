@@ -24,10 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from harness.measure import execute, fitting, model_case, registry, torch_state
-from harness.measure.case import Case
-from harness.measure.environment import capture_environment, now_iso
-from harness.measure.registry import CaseContractError
+from harness.measure import execute
+from harness.measure.authoring import model_case, registry
+from harness.measure.authoring.case import Case
+from harness.measure.authoring.registry import CaseContractError
+from harness.measure.host import torch_state
+from harness.measure.host.environment import capture_environment, now_iso
+from harness.measure.running import fitting
 from harness.results import storage
 from harness.runner.in_process import interrupted, run_batches_here, stopped, time_batches_here
 from harness.runner.matrix import Plan, expand

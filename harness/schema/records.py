@@ -77,7 +77,7 @@ class NoteKind(str, Enum):
     #: Why a fit stalled (its loss, or the updates it lost).
     FIT = "fit"
     #: A training step's ReLU units crossed the kink within rounding of it: judged along
-    #: its own sides (see ``harness.measure.kinks``).
+    #: its own sides (see ``harness.measure.running.kinks``).
     KINKS = "kinks"
     #: A training step's GradScaler skipped steps (gradients not finite) before it ran.
     SCALER = "scaler"
@@ -150,7 +150,7 @@ def launch_bound(timed_s: float, device_s: float) -> bool:
 
 @dataclass(frozen=True)
 class Perf:
-    """Speed, throughput and memory of a cell that ran (see ``harness.measure.perf``)."""
+    """Speed, throughput and memory of a cell that ran (see ``harness.measure.figures.perf``)."""
 
     time_samples: list[float]
     time_block: int
@@ -197,11 +197,11 @@ class Perf:
 
 @dataclass(frozen=True)
 class FitFigures:
-    """What a cell of the ``fit`` stage did over its steps (see ``harness.measure.fitting``):
-    its loss before each step and after the last, the float64 fit's, the steps a GradScaler
-    skipped and the scale it ended at, the share of the updates the optimizer computed that
-    the stored weights did not receive, and the share of the float64 fit's progress (its
-    first loss minus its last) the cell's last loss fell short of (None where that
+    """What a cell of the ``fit`` stage did over its steps (see
+    ``harness.measure.running.fitting``): its loss before each step and after the last, the float64
+    fit's, the steps a GradScaler skipped and the scale it ended at, the share of the updates the
+    optimizer computed that the stored weights did not receive, and the share of the float64 fit's
+    progress (its first loss minus its last) the cell's last loss fell short of (None where that
     progress is too small to judge by)."""
 
     losses: tuple[float, ...]

@@ -1,0 +1,342 @@
+"""The contract every case follows: a Case with its fixes, and what a fix's code sees.
+
+A case module defines one subclass of :class:`Case`, decorated with :func:`register`, whose
+methods decorated with :func:`fix` are its fixes. ``build`` makes the model and inputs in
+float32 on the CPU; the harness, not the case, applies each cell's device and precision
+(see :mod:`harness.measure.precision` and the guide, ``docs/writing-a-case.md``)::
+
+    @register
+    class MyCase(Case):
+        name = "my-case"
+        ...
+        def build(self, ctx): return Workload(model=MyBlock(), inputs={"x": torch.randn(2, 8)})
+
+        @fix("none", rationale="the upstream code path")
+        def none(self, w, ctx): return w.model(**w.inputs)
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from harness.measure.precision.modes import Precision
+from harness.measure.tracing.observe import CoreObservation, record_core_dtypes
+from harness.schema.axes import (
+    CONTROL_MODE,
+    EAGER,
+    FORWARD_STAGE,
+    LOW_PRECISION_DTYPES,
+    SMALL_SIZE,
+    Cell,
+)
+from harness.schema.run_files import CaseInfo
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """Where a failure comes from: links a report can show."""
+
+    repo: str
+    file: str
+    commit: str
+    issues: tuple[str, ...] = ()
+    url: str = ""
+
+
+@dataclass(frozen=True)
+class FailureSignature:
+    """The known failure: an exception type name and a regex its message matches."""
+
+    error_type: str
+    message: str
+
+    def matches(self, error_type: str, message: str) -> bool:
+        return error_type == self.error_type and re.search(self.message, message) is not None
+
+
+@dataclass(frozen=True)
+class Size:
+    """One workload size of a case: its name, its dimensions and where they come from.
+
+    ``name`` is ``small`` or ``upstream``; ``dims`` is the case's own frozen dataclass of
+    dimensions (``build`` and the fixes read it as ``ctx.dims``); ``source`` cites the config
+    the figures are taken from, e.g. ``"nari-labs/Dia-1.6B config.json: decoder
+    n_embd=2048, gqa_query_heads=16"``.
+    """
+
+    name: str
+    dims: Any
+    source: str
+
+
+@dataclass
+class Workload:
+    """What one cell runs: a model (a module, a tensor, or any object) and its inputs.
+
+    ``build`` returns them in float32 on the CPU; the fix receives them with the cell's
+    device and precision applied. In the timing phase one workload serves many calls of the
+    fix: a fix that changes state (an optimizer step) takes a :meth:`fresh_model` per call.
+    """
+
+    model: Any
+    inputs: dict[str, Any] = field(default_factory=dict)
+
+    def fresh_model(self) -> Any:
+        """A deep copy of the prepared model (same device and dtypes): state changed on it
+        does not leak into the next call."""
+        return copy.deepcopy(self.model)
+
+
+@dataclass
+class RunContext:
+    """What a fix's code sees about the cell it runs in (read-only facts, no plumbing).
+
+    ``dtype`` is the cell's dtype; it is ``float64`` when the harness computes the reference.
+    """
+
+    device: torch.device
+    dtype: torch.dtype
+    mode: str
+    backend: str
+    #: Record the attention core's dtypes; off while timing, so nothing sits in the timed path.
+    observe: bool = True
+    observation: CoreObservation = field(default_factory=CoreObservation)
+    managed_by_case: bool = False
+    #: The cell's workload size and its dimensions (the case's ``sizes[size].dims``).
+    size: str = SMALL_SIZE
+    dims: Any = None
+    #: ``forward``, or ``train``: the harness runs the fix as the forward of a training
+    #: step (gradients on) and takes the loss and gradients after it.
+    stage: str = FORWARD_STAGE
+
+    @property
+    def precision(self) -> Precision:
+        return Precision(self.device, self.dtype, self.mode, self.managed_by_case)
+
+    @property
+    def is_reference(self) -> bool:
+        return self.dtype == torch.float64
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the harness gave the model and inputs: the cell dtype in the casting
+        modes (``half``, ``half-autocast``), float32 otherwise, float64 in the reference."""
+        return self.precision.compute_dtype
+
+    @property
+    def upcast_dtype(self) -> torch.dtype:
+        """What upstream code means by ``.float()``: float32, or float64 in the reference."""
+        return self.precision.upcast_dtype
+
+    @contextmanager
+    def attention_core(self) -> Iterator[None]:
+        """Mark the attention core: the dtypes its kernels really see are recorded."""
+        if not self.observe:
+            yield
+            return
+        with record_core_dtypes(self.observation):
+            yield
+
+
+FixFunction = Callable[[Any, Workload, RunContext], Any]
+#: An optimizer a fix's fit steps with: ``f(params, lr)``.
+OptimizerFactory = Callable[[list[torch.Tensor], float], torch.optim.Optimizer]
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A named code variant of a case; ``none`` is the buggy upstream code path."""
+
+    name: str
+    rationale: str
+    func: FixFunction
+    upstream: str = ""
+    modes: tuple[str, ...] | None = None
+    backends: tuple[str, ...] | None = None
+    #: The parts this fix keeps in float32, where it keeps fewer than its case (a subset of
+    #: the case's ``keep_fp32``); None: the case's.
+    keep_fp32: tuple[str, ...] | None = None
+    #: In a train cell where the recipe scales the loss (float16 under autocast): whether
+    #: this fix's training does. False is upstream code that trains without a GradScaler.
+    grad_scaler: bool = True
+    #: The optimizer this fix's fit steps with (``f(params, lr)``), where it is part of the
+    #: fix (float32 master weights, say); None: the fit's AdamW.
+    optimizer: OptimizerFactory | None = None
+
+
+def fix(
+    name: str,
+    *,
+    rationale: str,
+    upstream: str = "",
+    modes: tuple[str, ...] | None = None,
+    backends: tuple[str, ...] | None = None,
+    keep_fp32: tuple[str, ...] | None = None,
+    grad_scaler: bool = True,
+    optimizer: OptimizerFactory | None = None,
+) -> Callable[[FixFunction], FixFunction]:
+    """Mark a method of a Case as a fix. ``modes``/``backends`` narrow where it applies;
+    ``keep_fp32`` narrows what of the case's ``keep_fp32`` it keeps in float32;
+    ``optimizer`` is the optimizer its fit steps with (``f(params, lr)``), where that is
+    part of the fix; ``grad_scaler=False`` is a fix whose training scales no loss (the
+    upstream code path of a case about training float16 without a GradScaler)."""
+
+    def mark(func: FixFunction) -> FixFunction:
+        func.__ampmatrix_fix__ = Fix(  # type: ignore[attr-defined]
+            name,
+            rationale,
+            func,
+            upstream=upstream,
+            modes=modes,
+            backends=backends,
+            keep_fp32=keep_fp32,
+            grad_scaler=grad_scaler,
+            optimizer=optimizer,
+        )
+        return func
+
+    return mark
+
+
+class Case:
+    """A failure pattern from a real project. Subclass it; see the module docstring."""
+
+    name: ClassVar[str] = ""
+    title: ClassVar[str] = ""
+    upstream: ClassVar[Upstream | None] = None
+    failure: ClassVar[FailureSignature | None] = None
+    #: The same failure in other words: as another kernel or release words it (flash-attn
+    #: 4's assertion where flash-attn 2 raises a RuntimeError). A cell reproduces when its
+    #: error matches ``failure`` or any of these.
+    failure_variants: ClassVar[tuple[FailureSignature, ...]] = ()
+    #: A failure pattern reproduces a known failure, which it must declare (``failure``); a
+    #: model you check (``harness.measure.authoring.model_case``) has none: its errors are just
+    #: errors.
+    has_known_failure: ClassVar[bool] = True
+    #: A fix that is correct in any dtype: run in float64 on the CPU it is the reference, run
+    #: in the cell's dtype on the cell's device (mode ``half``) it is the plain low-precision
+    #: baseline.
+    reference_fix: ClassVar[str] = ""
+    devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
+    dtypes: ClassVar[tuple[str, ...]] = LOW_PRECISION_DTYPES
+    modes: ClassVar[tuple[str, ...]] = ("half", CONTROL_MODE)
+    backends: ClassVar[tuple[str, ...]] = ("sdpa",)
+    #: ``("eager", "inductor")`` where eager and compiled runs may differ: the harness then
+    #: also runs each fix under ``torch.compile(backend="inductor")``.
+    compiles: ClassVar[tuple[str, ...]] = (EAGER,)
+    #: Modules that must be importable for the case to run; otherwise cells are skipped.
+    requires: ClassVar[tuple[str, ...]] = ()
+    #: The oldest torch release with the API its upstream code needs (``nn.RMSNorm``: "2.4");
+    #: under an older torch its cells are skipped with that reason.
+    min_torch: ClassVar[str | None] = None
+    #: The case's own time limit per cell in seconds (instead of the run's ``--timeout``).
+    timeout_s: ClassVar[float | None] = None
+    #: Modules, parameters or buffers of the model (dotted names) that upstream keeps in
+    #: float32 when the rest is cast to half (transformers' ``_keep_in_fp32_modules``), and
+    #: inputs (their keys in ``Workload.inputs``) that stay float32 whatever the model's
+    #: dtype (diffusers' timesteps). A fix may keep fewer (``@fix(keep_fp32=...)``).
+    keep_fp32: ClassVar[tuple[str, ...]] = ()
+    #: Fixes run with gradients enabled (a training step); otherwise under ``no_grad``.
+    needs_grad: ClassVar[bool] = False
+    #: The stages the case runs (``forward`` always): ``train`` adds one training step
+    #: per cell, with the recipe of the cell's mode (:mod:`harness.measure.running.training`).
+    stages: ClassVar[tuple[str, ...]] = (FORWARD_STAGE,)
+    #: The learning rate of a ``fit`` cell's optimizer (AdamW unless a fix brings its own).
+    fit_lr: ClassVar[float] = 1e-3
+    #: Upstream code manages precision itself (a Lightning Trainer's ``precision=``): the
+    #: harness then only moves the float32 workload to the device (float64 for the
+    #: reference) and neither casts nor enters autocast; the fixes read ``ctx.dtype`` and
+    #: ``ctx.mode`` and apply them the upstream way.
+    manages_precision: ClassVar[bool] = False
+    #: The workload sizes, smallest first: ``small`` (required where any is declared) and
+    #: ``upstream``, each with its dimensions and the config they come from. A case without
+    #: sizes runs at one size, ``small``, and ``ctx.dims`` is None.
+    sizes: ClassVar[tuple[Size, ...]] = ()
+    #: The reference is computed on each cell's own backend (not the case's reference
+    #: backend): for a model built differently per backend, with other weights, say.
+    reference_per_backend: ClassVar[bool] = False
+    source_file: str = ""
+
+    @property
+    def known_failures(self) -> tuple[FailureSignature, ...]:
+        """``failure`` and its variants (empty for a model you check)."""
+        return (self.failure, *self.failure_variants) if self.failure else ()
+
+    @property
+    def size_names(self) -> tuple[str, ...]:
+        """The sizes this case runs at, smallest first."""
+        return tuple(s.name for s in self.sizes) or (SMALL_SIZE,)
+
+    def dims(self, size: str) -> Any:
+        """The dimensions of ``size`` (None for a case that declares no sizes)."""
+        return next((s.dims for s in self.sizes if s.name == size), None)
+
+    def kept_by(self, fix: str) -> tuple[str, ...]:
+        """What ``fix`` keeps in float32: its own ``keep_fp32`` where it narrows the case's."""
+        narrowed = self.fixes[fix].keep_fp32
+        return self.keep_fp32 if narrowed is None else narrowed
+
+    def loss(self, output: Any, workload: Workload, ctx: RunContext) -> Any:
+        """The loss of a training step from the fix's output: by default the loss the output
+        carries (a transformers model given ``labels``), else the mean squared error of
+        every floating output against a fixed random target
+        (:func:`harness.measure.authoring.losses.default_loss`). A case overrides it where its
+        model is trained on another loss."""
+        from harness.measure.authoring.losses import default_loss, model_loss
+
+        carried = model_loss(output)
+        return carried if carried is not None else default_loss(output)
+
+    def build(self, ctx: RunContext) -> Workload:
+        """The model and inputs in float32 on the CPU. The harness seeds the RNG first, then
+        applies the cell's device and precision. ``ctx`` tells the backend and the cell."""
+        raise NotImplementedError
+
+    def skip_reason(self, cell: Cell) -> str | None:
+        """A case-specific reason this cell cannot run here, or None (checked after the
+        environment's own reasons: device, dtype support, backend, ``requires``)."""
+        return None
+
+    @property
+    def fixes(self) -> dict[str, Fix]:
+        found: dict[str, Fix] = {}
+        for klass in reversed(type(self).__mro__):
+            for attr in vars(klass).values():
+                marked = getattr(attr, "__ampmatrix_fix__", None)
+                if isinstance(marked, Fix):
+                    found[marked.name] = marked
+        return found
+
+    def metadata(self) -> CaseInfo:
+        """What a report shows about the case, stored with each run (``cases.json``)."""
+        return CaseInfo(
+            name=self.name,
+            title=self.title,
+            upstream=dataclasses.asdict(self.upstream) if self.upstream else None,
+            failure=dataclasses.asdict(self.failure) if self.failure else None,
+            failure_variants=[dataclasses.asdict(f) for f in self.failure_variants],
+            source_file=self.source_file,
+            keep_fp32=list(self.keep_fp32),
+            manages_precision=self.manages_precision,
+            sizes={size.name: size_metadata(size) for size in self.sizes},
+            fixes=[
+                {"name": f.name, "rationale": f.rationale, "upstream": f.upstream}
+                for f in self.fixes.values()
+            ],
+        )
+
+
+def size_metadata(size: Size) -> dict[str, Any]:
+    """A size as a report shows it: its dimensions by name, and its source."""
+    dims = size.dims
+    is_instance = dataclasses.is_dataclass(dims) and not isinstance(dims, type)
+    values = dataclasses.asdict(dims) if is_instance else dict(dims or {})
+    return {"dims": {k: repr(v) for k, v in values.items()}, "source": size.source}

@@ -1,0 +1,311 @@
+"""Judging a fix's run: the outcome and its evidence, either the error it raised (and whether
+that is the case's known failure) or its output's error against the float64 reference,
+within a tolerance from yardsticks that are not the code under test (the rule is in
+:mod:`harness.measure.judge.numerics`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from harness.measure.authoring.case import Case
+from harness.measure.host import torch_state
+from harness.measure.judge.numerics import Yardsticks, judge_leaves, within_tolerance
+from harness.measure.judge.references import (
+    Baseline,
+    Leaves,
+    Workpiece,
+    baseline,
+    leaf_label,
+    reference_along,
+    reference_leaves,
+    reference_relus,
+    rounding,
+    structure_problem,
+    workpiece,
+)
+from harness.measure.judge.rounding import rounds_activations
+from harness.measure.precision.dtypes import dtype_name, dtype_of
+from harness.measure.precision.outputs import output_leaves
+from harness.measure.running.crashes import crashed
+from harness.measure.running.errors import WorkloadFailed, case_root, error_fields
+from harness.measure.running.fitting import FitRun, fit_figures, shortfall_numerics, stall_reason
+from harness.measure.running.fix_run import FixRun, context_for, run_fix_checked
+from harness.measure.running.kinks import crossings, sides
+from harness.schema.axes import CONTROL_DTYPE, EAGER, Cell
+from harness.schema.records import CellRecord, CrashKind, Note, NoteKind, Numerics, Outcome
+from harness.schema.trail_records import Trail
+
+
+def classify(case: Case, cell: Cell, run: FixRun, record: CellRecord) -> CellRecord:
+    """Fill in the outcome and its evidence: the error, or the figures against the reference."""
+    record = replace(record, flags=run.flags, trail=run.trail, warnings=run.warnings).noted(
+        run.note
+    )
+    if run.error is not None:
+        require_reference(cell)
+        return raised(case, run.error, record)
+    if isinstance(run.output, FitRun):
+        return judged_fit(cell, run.output, record)
+    try:
+        leaves = output_leaves(run.output)
+        check_has_values(leaves)
+    except TypeError as error:
+        return crashed(record, CrashKind.CONTRACT, error, case)
+    return judged(case, cell, leaves, record, run.relu_inputs)
+
+
+def require_reference(cell: Cell) -> None:
+    """Raise ``ReferenceFailed`` where the cell's float64 reference fails: a fix that raises
+    in every precision, float64 included, has no half-precision bug to show, and the cell
+    says that the reference failed rather than ``raises`` (which would read as one)."""
+    reference_leaves(workpiece(cell))
+
+
+def check_has_values(leaves: Leaves) -> None:
+    """A leaf with no values (a ``meta`` tensor) cannot be compared: the fix broke the
+    contract of returning computed tensors."""
+    for name, tensor in leaves.items():
+        if tensor.is_meta:
+            raise TypeError(f"{name} is a meta tensor: it has no values to compare")
+
+
+def raised(case: Case, error: BaseException, record: CellRecord) -> CellRecord:
+    """A cell whose fix raised. It reproduces when the error (or a class it derives from,
+    so Dynamo's ``TorchRuntimeError`` counts as a ``RuntimeError``) and message match."""
+    fields = error_fields(error, case_root(case))
+    known = case.known_failures
+    kinds = [k.__name__ for k in type(error).__mro__]
+    return replace(
+        record,
+        outcome=Outcome.RAISES,
+        # a model checked by the user has no known failure: its errors are just errors
+        reproduces=any(
+            failure.matches(kind, fields["error_message"]) for failure in known for kind in kinds
+        )
+        if known
+        else None,
+        compile_error=from_compiler(error) if record.cell.compile != EAGER else None,
+        **fields,
+    )
+
+
+def from_compiler(error: BaseException) -> bool:
+    """Raised by ``torch.compile`` itself (Dynamo, fake-tensor tracing or Inductor)."""
+    return type(error).__module__.startswith(("torch._dynamo", "torch._inductor"))
+
+
+def judged(
+    case: Case,
+    cell: Cell,
+    leaves: Leaves,
+    record: CellRecord,
+    relu_inputs: tuple[torch.Tensor, ...] = (),
+) -> CellRecord:
+    """A cell that ran: ``passes`` or ``inaccurate``, with the worst leaf's figures (and
+    each leaf's, where the output has several) and the yardsticks they were judged by; a
+    training step along its own sides of the ReLU kinks (``relu_inputs``)."""
+    piece = workpiece(cell)
+    reference, kinks_note = reference_for(piece, cell, relu_inputs)
+    record = record.noted(kinks_note)
+    out_dtype = joined_dtypes(leaves)
+    problem = structure_problem(leaves, reference)
+    if problem:
+        return misshapen(case, cell, leaves, reference, replace(record, out_dtype=out_dtype))
+    sticks = yardsticks(case, cell, piece, record.trail)
+    per_leaf = judge_leaves(
+        leaves,
+        reference,
+        dtype_of(cell.dtype),
+        sticks.fix.rel_errs,
+        sticks.rounding.rel_errs,
+        sticks.names,
+    )
+    worst = worst_leaf(per_leaf)
+    passed = all(within_tolerance(n) for n in per_leaf.values())
+    return replace(
+        record,
+        outcome=Outcome.PASSES if passed else Outcome.INACCURATE,
+        out_dtype=out_dtype,
+        numerics=worst if len(per_leaf) > 1 else replace(worst, leaf=None),
+        leaves=per_leaf if len(per_leaf) > 1 else None,
+        baseline_error=sticks.error,
+    ).noted(sticks.note)
+
+
+def reference_for(
+    piece: Workpiece, cell: Cell, relu_inputs: tuple[torch.Tensor, ...]
+) -> tuple[Leaves, Note | None]:
+    """The float64 reference a cell is judged against: the case's, or, where the cell's
+    training step put ReLU units across the kink within the band, the reference taken
+    along the cell's sides, with a note saying how many (see
+    :mod:`harness.measure.running.kinks`)."""
+    reference = reference_leaves(piece)
+    if not relu_inputs:
+        return reference, None
+    cell_sides, dtype = sides(relu_inputs), kinks_dtype(cell)
+    crossed = crossings(reference_relus(piece), cell_sides, dtype)
+    along = reference_along(piece, cell_sides, dtype) if crossed else None
+    if along is None:
+        return reference, None
+    text = (
+        f"{crossed} ReLU unit(s) within rounding of the kink took the other side "
+        "than float64's: judged against float64 taken along the same sides"
+    )
+    return along, Note(NoteKind.KINKS, text)
+
+
+def kinks_dtype(cell: Cell) -> str:
+    """Whose resolution a cell's ReLU sides are judged by: its dtype's (TF32's for a
+    float32 control on a GPU, which may compute its matmuls in it)."""
+    control_on_gpu = cell.dtype == CONTROL_DTYPE and torch.device(cell.device).type == "cuda"
+    return "tf32" if control_on_gpu else cell.dtype
+
+
+#: The error type of a cell whose output changed from one call to the next, and of one
+#: whose output, the same on every call, has other leaves or shapes than the reference's.
+OUTPUT_CHANGED = "OutputChanged"
+OUTPUT_MISMATCH = "OutputMismatch"
+
+
+def misshapen(
+    case: Case, cell: Cell, leaves: Leaves, reference: Leaves, record: CellRecord
+) -> CellRecord:
+    """A cell whose output cannot be compared with the reference leaf by leaf. Its fix is
+    called once more to tell why: an output that changes from call to call (a model that
+    keeps state between calls: a counter, a cache that grows) breaks the contract that a
+    cell's call is repeatable, and is ``crashed`` (contract), which no one reads as a
+    precision bug; one that comes out the same again is ``inaccurate``: misshapen in this
+    precision."""
+    again = output_again(case, cell)
+    changed = structure_change(leaves, again, reference) if again is not None else None
+    if changed:
+        return replace(
+            record,
+            outcome=Outcome.CRASHED,
+            crash_kind=CrashKind.CONTRACT,
+            error_type=OUTPUT_CHANGED,
+            error_message=f"output shape changed between calls: {changed}",
+        )
+    problem = structure_problem(leaves, reference)
+    return replace(
+        record, outcome=Outcome.INACCURATE, error_type=OUTPUT_MISMATCH, error_message=problem
+    )
+
+
+def output_again(case: Case, cell: Cell) -> Leaves | None:
+    """The cell's fix called again, on a workload built afresh, as its output's leaves;
+    None where that call fails. Torch's settings are put back after it, as after the
+    cell's own call."""
+    try:
+        with torch_state.restored([]):
+            run = run_fix_checked(
+                case, cell.fix, context_for(case, cell), trace=False, compile_mode=cell.compile
+            )
+        return output_leaves(run.output) if run.error is None else None
+    except (WorkloadFailed, TypeError):  # no workload, or no tensors: nothing to compare
+        return None
+
+
+def structure_change(first: Leaves, again: Leaves, reference: Leaves) -> str | None:
+    """How a second call's output differs in its leaves or shapes from the first's, or
+    None: ``the output had shape (4, 8), then (6, 8); the float64 reference's is (2, 8)``."""
+    if first.keys() != again.keys():
+        return f"the output had leaves {sorted(first)}, then {sorted(again)}"
+    for name, t in first.items():
+        if t.shape != again[name].shape:
+            shapes = (
+                f"{leaf_label(name)} had shape {tuple(t.shape)}, then {tuple(again[name].shape)}"
+            )
+            if name not in reference:
+                return shapes
+            return f"{shapes}; the float64 reference's is {tuple(reference[name].shape)}"
+    return None
+
+
+def judged_fit(cell: Cell, run: FitRun, record: CellRecord) -> CellRecord:
+    """A fit that ran: ``passes``, or ``inaccurate`` where it stalled (its loss not finite
+    or short of the float64 fit's progress, or its updates lost), with its figures."""
+    reference = reference_leaves(workpiece(cell))["loss"]
+    figures = fit_figures(run, reference)
+    stalled = stall_reason(figures)
+    return replace(
+        record,
+        outcome=Outcome.INACCURATE if stalled else Outcome.PASSES,
+        out_dtype=forward_dtypes(run.forward_output),
+        numerics=shortfall_numerics(figures),
+        fit=figures,
+    ).noted(run.note, Note(NoteKind.FIT, stalled) if stalled else None)
+
+
+def forward_dtypes(output: object) -> str | None:
+    """The dtypes of a forward output's leaves (``float16+float32``), None where it has none."""
+    try:
+        return joined_dtypes(output_leaves(output)) or None
+    except TypeError:
+        return None
+
+
+def joined_dtypes(leaves: Leaves) -> str:
+    """The distinct dtypes of ``leaves`` in order, joined: ``float16+float32``."""
+    return "+".join(dict.fromkeys(dtype_name(t.dtype) for t in leaves.values()))
+
+
+def worst_leaf(per_leaf: dict[str, Numerics]) -> Numerics:
+    """The leaf furthest from passing: non-finite first, then by error over tolerance."""
+    return max(per_leaf.values(), key=lambda n: (not n.finite, n.rel_err / n.tolerance))
+
+
+@dataclass(frozen=True)
+class CellYardsticks:
+    """What a cell is judged against: the trusted fix's errors (empty for a cell of that
+    fix), the rounding's, their names, and a note where the choice needs saying."""
+
+    fix: Baseline
+    rounding: Baseline
+    names: Yardsticks
+    note: Note | None = None
+
+    @property
+    def error(self) -> str | None:
+        failures = [
+            f"{name}: {b.error}"
+            for name, b in (
+                (self.names.fix_name, self.fix),
+                (self.names.rounding_name, self.rounding),
+            )
+            if b.error
+        ]
+        return "; ".join(failures) or None
+
+
+def yardsticks(case: Case, cell: Cell, piece: Workpiece, trail: Trail | None) -> CellYardsticks:
+    """The independent yardsticks of a cell: a different, trusted fix in the cell's dtype
+    where there is one (never the cell's own fix), and the rounding of its data always."""
+    fix = (
+        Baseline({})
+        if cell.fix == case.reference_fix
+        else baseline(piece, cell.device, cell.dtype)
+    )
+    tf32 = tf32_setting(cell, trail)
+    dtype = "tf32" if tf32 else cell.dtype
+    names = Yardsticks(fix_name=f"fix {case.reference_fix}", rounding_name=f"rounding to {dtype}")
+    tf32_note = f"float32 matmuls computed in TF32 ({tf32}): judged against TF32 rounding"
+    note = Note(NoteKind.TF32, tf32_note) if tf32 else None
+    stored = rounding(piece, dtype, case.kept_by(cell.fix), rounds_activations(cell.mode))
+    return CellYardsticks(fix, stored, names, note)
+
+
+def tf32_setting(cell: Cell, trail: Trail | None) -> str | None:
+    """The setting that makes a float32 cell's GPU matmuls or convolutions TF32, or None."""
+    if cell.dtype != CONTROL_DTYPE or torch.device(cell.device).type != "cuda":
+        return None
+    if trail is not None and "matmul" not in trail.compute_dtypes:
+        return None
+    precision = torch.get_float32_matmul_precision()
+    if precision != "highest":  # what torch.backends.cuda.matmul.allow_tf32 sets
+        return f"torch.get_float32_matmul_precision() == {precision!r}"
+    if torch.backends.cudnn.allow_tf32 and torch.backends.cudnn.enabled:
+        return "torch.backends.cudnn.allow_tf32"
+    return None

@@ -1,0 +1,271 @@
+"""Running a fix: build the workload, apply the cell's precision, call the fix once under the
+dtype tracer, and check that the precision took and the run did what the mode promised.
+
+What the harness guarantees a fix (the contract in ``docs/writing-a-case.md``): the RNG is
+seeded before ``build``; the workload arrives with the cell's device and precision; the
+fix runs under ``torch.no_grad()`` unless the case ``needs_grad``, and inside
+``torch.autocast`` in the autocast modes.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from harness.measure.authoring.case import Case, RunContext, Workload
+from harness.measure.precision.casting import cast_inputs, cast_model, split_kept
+from harness.measure.precision.dtypes import dtype_of
+from harness.measure.precision.flags import (
+    drift_flag,
+    no_autocast_flag,
+    not_half_flag,
+    undone_upcast_flag,
+)
+from harness.measure.precision.modes import Precision, autocast_region
+from harness.measure.precision.outputs import output_leaves_or_none
+from harness.measure.running import fitting, training
+from harness.measure.running.errors import WorkloadFailed
+from harness.measure.running.kinks import KinkRecorder
+from harness.measure.tracing.python_watch import PythonWatch, watch_python
+from harness.measure.tracing.trail import DtypeTracer, Names, tracing
+from harness.schema.axes import EAGER, FIT_STAGE, TRAIN_STAGE, Cell
+from harness.schema.records import Flag, Note
+from harness.schema.trail_records import Drift, Trail
+
+#: Every cell of a case builds from the same seed, so all fixes and the reference see the
+#: same weights and inputs.
+SEED = 0
+#: At most this many distinct warnings are recorded per cell, each cut to its first line.
+MAX_WARNINGS = 5
+
+
+def seed_everything(seed: int = SEED) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def context_for(case: Case, cell: Cell, observe: bool = True) -> RunContext:
+    """What the fix sees of its cell (a ``float64`` cell is the reference)."""
+    return RunContext(
+        torch.device(cell.device),
+        dtype_of(cell.dtype),
+        cell.mode,
+        cell.backend,
+        observe=observe,
+        managed_by_case=case.manages_precision,
+        size=cell.size,
+        dims=case.dims(cell.size),
+        stage=cell.stage,
+    )
+
+
+def apply_precision(workload: Workload, ctx: RunContext, keep: tuple[str, ...] = ()) -> Workload:
+    """The cell's device and precision put on a float32 workload (see harness.measure.precision);
+    the parts and inputs ``keep`` names stay float32 where the mode casts."""
+    precision = ctx.precision
+    if not precision.casts_model or precision.managed_by_case:
+        keep = ()
+    model_keep, input_keep = split_kept(keep, workload.inputs)
+    device, dtype, wide = precision.device, precision.compute_dtype, precision.upcast_dtype
+    return Workload(
+        model=cast_model(workload.model, device, dtype, model_keep, wide),
+        inputs=cast_inputs(workload.inputs, device, dtype, input_keep, wide),
+    )
+
+
+def prepared_workload(case: Case, ctx: RunContext, keep: tuple[str, ...]) -> Workload:
+    """The case's workload, seeded and built, with the cell's precision applied."""
+    seed_everything()
+    try:
+        return apply_precision(case.build(ctx), ctx, keep)
+    except Exception as error:
+        raise WorkloadFailed(error) from error
+
+
+def call_fix(
+    case: Case, fix: str, workload: Workload, ctx: RunContext, compiled: Any = None
+) -> Any:
+    """One call of a fix, with the gradient mode and autocast the cell asks for; through
+    ``compiled`` (the fix under ``torch.compile``) in a compiled cell. In a ``train`` cell
+    the call is the forward of a training step (:func:`training.train_step`), and what it
+    returns is the step's :class:`~harness.measure.running.training.TrainedStep`; in a ``fit``
+    cell it is the forward of each step of a short fit (:func:`fitting.fit`)."""
+    func = case.fixes[fix].func if compiled is None else compiled
+
+    def forward() -> Any:
+        return func(case, workload, ctx)
+
+    def loss_of(output: Any) -> Any:
+        return case.loss(output, workload, ctx)
+
+    if ctx.stage == FIT_STAGE:
+        return fitting.fit(
+            forward,
+            loss_of,
+            workload.model,
+            ctx.precision,
+            lr=case.fit_lr,
+            scaled=case.fixes[fix].grad_scaler,
+            make_optimizer=case.fixes[fix].optimizer,
+        )
+    if ctx.stage == TRAIN_STAGE:
+        return training.train_step(
+            forward,
+            loss_of,
+            workload.model,
+            ctx.precision,
+            scaled=case.fixes[fix].grad_scaler,
+        )
+    grad = torch.enable_grad() if case.needs_grad else torch.no_grad()
+    with grad, autocast_region(ctx.precision):
+        return forward()
+
+
+def compiled_fix(case: Case, fix: str, compile_mode: str) -> Any:
+    """The fix function under ``torch.compile`` for a compiled cell, else None. The whole
+    fix is compiled: Dynamo traces into the model calls it makes."""
+    if compile_mode == EAGER:
+        return None
+    return torch.compile(case.fixes[fix].func, backend=compile_mode)
+
+
+@dataclass(frozen=True)
+class FixRun:
+    """A fix's checked run: its output (or error), its dtype trail, and what the mode
+    promised but the run did not do."""
+
+    output: Any = None
+    error: BaseException | None = None
+    flags: tuple[Flag, ...] = ()
+    trail: Trail | None = None
+    #: Warnings the fix raised (``Category: first line``), recorded on the cell.
+    warnings: tuple[str, ...] = ()
+    #: What the checks found worth saying but not worth a flag (a small float32 island).
+    note: Note | None = None
+    #: A training step's ReLU inputs, call by call (see :mod:`harness.measure.running.kinks`).
+    relu_inputs: tuple[torch.Tensor, ...] = ()
+
+
+def run_fix_checked(
+    case: Case,
+    fix: str,
+    ctx: RunContext,
+    trace: bool = True,
+    compile_mode: str = EAGER,
+    workload: Workload | None = None,
+) -> FixRun:
+    """Build, apply the precision, call the fix once under the dtype tracer; then check that
+    the precision took and that the computation did what the mode promised. A compiled run is
+    neither traced nor watched (both would see Dynamo's work, not the model's). ``workload``
+    is one already prepared (the rounding yardstick's)."""
+    keep = case.kept_by(fix)
+    ready = prepared_workload(case, ctx, keep) if workload is None else workload
+    compiled = compiled_fix(case, fix, compile_mode)
+    watch = PythonWatch(ctx.device.type)
+    # the tracer needs the watch's autocast state; the no-autocast check needs its finding
+    watched = compiled is None and (trace or ctx.precision.uses_autocast)
+    tracer = None
+    if trace and compiled is None:
+        names = Names.of_workload(ready.model, ready.inputs, keep)
+        tracer = DtypeTracer(ctx.dtype, names, watch, root=ready.model)
+    relus = KinkRecorder(keep_values=not trace) if records_relus(ctx, compiled) else None
+    output, error, texts = watched_call(
+        lambda: call_fix(case, fix, ready, ctx, compiled),
+        watch if watched else None,
+        tracer,
+        relus,
+    )
+    output, forward_output, step_note = step_parts(output)
+    trail, drifted, island_note = traced_findings(tracer, forward_output, error, ctx.precision)
+    found = (
+        no_autocast_flag(watch.seen, ctx.precision) if watched else None,
+        not_half_flag(
+            ready.model, ctx.precision, keep, tracer.names.unused if tracer else no_tensor
+        ),
+        drifted,
+        undone_upcast_flag(tracer.undone_upcast() if tracer is not None else None),
+    )
+    note = step_note or island_note
+    relu_inputs = tuple(x.detach() for x in relus.inputs) if relus is not None else ()
+    return FixRun(output, error, tuple(f for f in found if f), trail, texts, note, relu_inputs)
+
+
+def records_relus(ctx: RunContext, compiled: Any) -> bool:
+    """A training step's ReLU inputs are kept, to judge it along its own sides of the
+    kinks (see :mod:`harness.measure.running.kinks`); a compiled one's are Dynamo's to see."""
+    return ctx.stage == TRAIN_STAGE and compiled is None
+
+
+def step_parts(output: Any) -> tuple[Any, Any, Note | None]:
+    """What is judged (a training step's loss and gradients, or the output), what the mode's
+    checks look at (the forward output), and the step's note, if any."""
+    if isinstance(output, training.TrainedStep):
+        return output.leaves, output.forward_output, output.note
+    if isinstance(output, fitting.FitRun):
+        return output, output.forward_output, output.note
+    return output, output, None
+
+
+def judged_output(output: Any) -> Any:
+    """What of a run's output is compared leaf by leaf: a fit's loss curve, else the output."""
+    return output.leaves if isinstance(output, fitting.FitRun) else output
+
+
+def watched_call(
+    call: Callable[[], Any],
+    watch: PythonWatch | None,
+    tracer: DtypeTracer | None,
+    relus: KinkRecorder | None = None,
+) -> tuple[Any, BaseException | None, tuple[str, ...]]:
+    """``call()`` under the watch, the tracer and the ReLU recorder where given: its
+    output, the exception it raised (every failure of the code under test is a result, not
+    an error here) and the warnings it raised."""
+    output, error = None, None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with (
+                watch_python(watch) if watch is not None else nullcontext(),
+                tracing(tracer) if tracer is not None else nullcontext(),
+                relus if relus is not None else nullcontext(),
+            ):
+                output = call()
+        except Exception as raised:
+            error = raised
+    return output, error, warning_texts(caught)
+
+
+def traced_findings(
+    tracer: DtypeTracer | None, output: Any, error: BaseException | None, precision: Precision
+) -> tuple[Trail | None, Flag | None, Note | None]:
+    """The run's dtype trail (with the float32 island it left, if any), and the drift flag
+    and note of a run that did not raise."""
+    trail = tracer.trail(error) if tracer is not None else None
+    drift = tracer.drift(output_leaves_or_none(output)) if tracer is not None else Drift()
+    if trail is not None and drift.island is not None:
+        trail = replace(trail, island=drift.island)
+    if error:
+        return trail, None, None
+    drifted, island_note = drift_flag(drift, output, precision, trail)
+    return trail, drifted, island_note
+
+
+def no_tensor(tensor: torch.Tensor) -> bool:
+    """Without a tracer nothing is known unused."""
+    return False
+
+
+def warning_texts(caught: list[warnings.WarningMessage]) -> tuple[str, ...]:
+    """The distinct warnings a fix raised, ``Category: first line``, in order."""
+    texts = (
+        f"{w.category.__name__}: {str(w.message).strip().splitlines()[0][:300]}"
+        for w in caught
+        if str(w.message).strip()
+    )
+    return tuple(dict.fromkeys(texts))[:MAX_WARNINGS]
