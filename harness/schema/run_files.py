@@ -176,9 +176,11 @@ class CaseInfo:
     source_file: str | None = None
     #: ``repo``, ``file``, ``commit``, ``issues``, ``url`` (``Upstream`` as a dict).
     upstream: dict[str, str | list[str] | None] | None = None
-    #: ``error_type`` and ``message`` (``Failure`` as a dict).
-    failure: dict[str, str | None] | None = None
-    failure_variants: list[dict[str, str | None]] = field(default_factory=list)
+    #: ``error_type`` and ``message`` (None for a failure that only shows silently) and
+    #: ``silent``, the symptoms of a silent failure (``FailureSignature`` as a dict; runs
+    #: stored before silent failures were declared have no ``silent``).
+    failure: dict[str, str | list[str] | None] | None = None
+    failure_variants: list[dict[str, str | list[str] | None]] = field(default_factory=list)
     #: ``name``, ``rationale``, ``upstream`` of each fix.
     fixes: list[dict[str, str | None]] = field(default_factory=list)
     keep_fp32: list[str] = field(default_factory=list)

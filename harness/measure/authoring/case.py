@@ -20,9 +20,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, ClassVar
 
 import torch
@@ -51,15 +52,73 @@ class Upstream:
     url: str = ""
 
 
+class Symptom(str, Enum):
+    """How a failure that raises nothing shows in a cell that ran (a silent failure)."""
+
+    #: The output (or, in a training step, a gradient) is not finite: inf or NaN.
+    NON_FINITE = "non-finite"
+    #: The error is beyond the tolerance (``inaccurate``) while the output is finite.
+    BEYOND_YARDSTICK = "beyond-yardstick"
+    #: A matmul or attention kernel computed in a wider dtype than the cell's (the
+    #: ``drift`` flag), whether or not the output is accurate.
+    WIDER_DTYPE = "wider-dtype"
+
+
 @dataclass(frozen=True)
 class FailureSignature:
-    """The known failure: an exception type name and a regex its message matches."""
+    """A case's known failure: raised (an exception type name and a regex its message
+    matches), silent (the symptoms a cell shows without raising), or both.
 
-    error_type: str
-    message: str
+    ``FailureSignature("RuntimeError", r"regex")`` is a raised failure;
+    ``FailureSignature(silent=(Symptom.NON_FINITE,))`` a silent one. A cell reproduces it
+    when it raises the error, or runs and shows any of the symptoms.
+    """
+
+    error_type: str | None = None
+    message: str | None = None
+    silent: tuple[Symptom, ...] = ()
+
+    def __post_init__(self) -> None:
+        # a symptom may be given by its value ("non-finite"); an unknown one is a ValueError
+        symptoms = tuple(dict.fromkeys(Symptom(s) for s in self.silent))
+        object.__setattr__(self, "silent", symptoms)
+
+    @property
+    def raised(self) -> bool:
+        """The failure raises an exception (it declares its type and message)."""
+        return self.error_type is not None and self.message is not None
 
     def matches(self, error_type: str, message: str) -> bool:
+        """The raised error is this failure: its type name and a message the regex finds."""
+        if self.error_type is None or self.message is None:
+            return False
         return error_type == self.error_type and re.search(self.message, message) is not None
+
+    def shown_by(self, symptoms: Iterable[Symptom]) -> bool:
+        """A cell that ran with ``symptoms`` shows this failure silently."""
+        return not set(self.silent).isdisjoint(symptoms)
+
+    def problems(self) -> list[str]:
+        """What is wrong with the declaration, as sentences (empty when it is valid)."""
+        if (self.error_type is None) != (self.message is None):
+            return ["a raised failure needs both error_type and message"]
+        if not self.raised and not self.silent:
+            return ["declares neither a raised error (error_type, message) nor silent symptoms"]
+        if self.message is not None:
+            try:
+                re.compile(self.message)
+            except re.error as error:
+                return [f"message {self.message!r} is not a regex: {error}"]
+        return []
+
+    def to_dict(self) -> dict[str, str | list[str] | None]:
+        """As ``cases.json`` stores it: the raised part (None where silent only) and the
+        silent symptoms by value."""
+        return {
+            "error_type": self.error_type,
+            "message": self.message,
+            "silent": [symptom.value for symptom in self.silent],
+        }
 
 
 @dataclass(frozen=True)
@@ -321,8 +380,8 @@ class Case:
             name=self.name,
             title=self.title,
             upstream=dataclasses.asdict(self.upstream) if self.upstream else None,
-            failure=dataclasses.asdict(self.failure) if self.failure else None,
-            failure_variants=[dataclasses.asdict(f) for f in self.failure_variants],
+            failure=self.failure.to_dict() if self.failure else None,
+            failure_variants=[f.to_dict() for f in self.failure_variants],
             source_file=self.source_file,
             keep_fp32=list(self.keep_fp32),
             manages_precision=self.manages_precision,

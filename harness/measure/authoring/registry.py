@@ -15,7 +15,7 @@ from types import ModuleType
 from typing import TypeVar
 
 from harness.measure.authoring import import_probe
-from harness.measure.authoring.case import Case, Size
+from harness.measure.authoring.case import Case, FailureSignature, Size
 from harness.measure.host import torch_state
 from harness.schema.axes import AXES, CONTROL_FIX, FORWARD_STAGE, SIZES, SMALL_SIZE, Axis
 
@@ -77,10 +77,25 @@ def contract_problems(case: Case) -> list[str]:
         problems.append(f"stages must include {FORWARD_STAGE!r} (every case runs its forward)")
     problems += _fix_problems(case)
     problems += _size_problems(case)
+    problems += _failure_problems(case)
     if type(case).build is Case.build:
         problems.append("no build() method")
     if case.min_torch is not None and not RELEASE.match(str(case.min_torch)):
         problems.append(f"min_torch {case.min_torch!r} must be a release such as '2.4'")
+    return problems
+
+
+def _failure_problems(case: Case) -> list[str]:
+    """A known failure that is a ``FailureSignature`` declaring something: raised (both
+    ``error_type`` and ``message``, a regex), silent (its symptoms), or both."""
+    declared = [("failure", case.failure)] if case.failure is not None else []
+    declared += [(f"failure_variants[{i}]", f) for i, f in enumerate(case.failure_variants)]
+    problems = []
+    for where, failure in declared:
+        if not isinstance(failure, FailureSignature):
+            problems.append(f"{where} must be a FailureSignature, not {type(failure).__name__}")
+            continue
+        problems += [f"{where}: {problem}" for problem in failure.problems()]
     return problems
 
 

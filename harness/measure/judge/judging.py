@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from harness.measure.authoring.case import Case
+from harness.measure.authoring.case import Case, Symptom
 from harness.measure.host import torch_state
 from harness.measure.judge.numerics import Yardsticks, judge_leaves, within_tolerance
 from harness.measure.judge.references import (
@@ -34,7 +34,15 @@ from harness.measure.running.fitting import FitRun, fit_figures, shortfall_numer
 from harness.measure.running.fix_run import FixRun, context_for, run_fix_checked
 from harness.measure.running.kinks import crossings, sides
 from harness.schema.axes import CONTROL_DTYPE, EAGER, Cell
-from harness.schema.records import CellRecord, CrashKind, Note, NoteKind, Numerics, Outcome
+from harness.schema.records import (
+    DRIFT,
+    CellRecord,
+    CrashKind,
+    Note,
+    NoteKind,
+    Numerics,
+    Outcome,
+)
 from harness.schema.trail_records import Trail
 
 
@@ -46,6 +54,12 @@ def classify(case: Case, cell: Cell, run: FixRun, record: CellRecord) -> CellRec
     if run.error is not None:
         require_reference(cell)
         return raised(case, run.error, record)
+    result = ran(case, cell, run, record)
+    return replace(result, reproduces=reproduces(case, result))
+
+
+def ran(case: Case, cell: Cell, run: FixRun, record: CellRecord) -> CellRecord:
+    """A cell whose fix returned: its fit, or its output, judged against the reference."""
     if isinstance(run.output, FitRun):
         return judged_fit(cell, run.output, record)
     try:
@@ -54,6 +68,38 @@ def classify(case: Case, cell: Cell, run: FixRun, record: CellRecord) -> CellRec
     except TypeError as error:
         return crashed(record, CrashKind.CONTRACT, error, case)
     return judged(case, cell, leaves, record, run.relu_inputs)
+
+
+#: The outcomes that are a verdict on the cell's code: it raised, or ran and was judged.
+VERDICTS = (Outcome.RAISES, Outcome.PASSES, Outcome.INACCURATE)
+
+
+def reproduces(case: Case, record: CellRecord, error: BaseException | None = None) -> bool | None:
+    """Whether a cell showed its case's known failure, raised or silent: True where it
+    raised the known error (``error``'s type, or a class it derives from, so Dynamo's
+    ``TorchRuntimeError`` counts as a ``RuntimeError``, and its message) or ran showing one
+    of the declared symptoms; False where its verdict shows none of them (it passes, or
+    raises something else); None for a model you check (no known failure: its errors are
+    just errors) and for a cell with no verdict (skipped, crashed, timed out)."""
+    known = case.known_failures
+    if not known or record.outcome not in VERDICTS:
+        return None
+    if record.outcome is Outcome.RAISES:
+        kinds = [k.__name__ for k in type(error).__mro__] if error else [record.error_type]
+        message = record.error_message or ""
+        return any(f.matches(kind or "", message) for f in known for kind in kinds)
+    shown = symptoms_shown(record)
+    return any(failure.shown_by(shown) for failure in known)
+
+
+def symptoms_shown(record: CellRecord) -> frozenset[Symptom]:
+    """The silent symptoms a cell that ran shows: an output not finite, or finite and
+    beyond its tolerance (``inaccurate``), and a ``drift`` flag (computed wider)."""
+    shown = {Symptom.WIDER_DTYPE} if any(f.kind == DRIFT for f in record.flags) else set()
+    numerics = record.numerics
+    if record.outcome is Outcome.INACCURATE and numerics is not None:
+        shown.add(Symptom.BEYOND_YARDSTICK if numerics.finite else Symptom.NON_FINITE)
+    return frozenset(shown)
 
 
 def require_reference(cell: Cell) -> None:
@@ -72,23 +118,16 @@ def check_has_values(leaves: Leaves) -> None:
 
 
 def raised(case: Case, error: BaseException, record: CellRecord) -> CellRecord:
-    """A cell whose fix raised. It reproduces when the error (or a class it derives from,
-    so Dynamo's ``TorchRuntimeError`` counts as a ``RuntimeError``) and message match."""
+    """A cell whose fix raised, and whether that is its case's known failure
+    (:func:`reproduces`)."""
     fields = error_fields(error, case_root(case))
-    known = case.known_failures
-    kinds = [k.__name__ for k in type(error).__mro__]
-    return replace(
+    record = replace(
         record,
         outcome=Outcome.RAISES,
-        # a model checked by the user has no known failure: its errors are just errors
-        reproduces=any(
-            failure.matches(kind, fields["error_message"]) for failure in known for kind in kinds
-        )
-        if known
-        else None,
         compile_error=from_compiler(error) if record.cell.compile != EAGER else None,
         **fields,
     )
+    return replace(record, reproduces=reproduces(case, record, error))
 
 
 def from_compiler(error: BaseException) -> bool:
