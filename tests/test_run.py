@@ -14,7 +14,7 @@ import torch
 
 from harness.measure.figures.timing import ClockStopwatch, CudaEventStopwatch, stopwatch_for
 from harness.results import storage
-from harness.runner import isolation, run
+from harness.runner import isolation, pytest_launch, run
 from harness.runner.cell_items import Controller
 from harness.schema.axes import Cell
 from harness.schema.config import RunConfig
@@ -37,11 +37,11 @@ def test_cells_compared_with_each_other_are_timed_together() -> None:
 
 
 def test_timing_runs_one_worker_per_device_grouped_by_device(tmp_path: Path) -> None:
-    args = run.pytest_args(tmp_path / "timing-plan.json", workers=3, grouped=True)
+    args = pytest_launch.pytest_args(tmp_path / "timing-plan.json", workers=3, grouped=True)
     assert args[args.index("-n") + 1] == "3"
     assert args[args.index("--dist") + 1] == "loadgroup"
-    assert "--dist" not in run.pytest_args(tmp_path / "plan.json", workers=2)
-    assert "-n" not in run.pytest_args(tmp_path / "plan.json", workers=0)
+    assert "--dist" not in pytest_launch.pytest_args(tmp_path / "plan.json", workers=2)
+    assert "-n" not in pytest_launch.pytest_args(tmp_path / "plan.json", workers=0)
 
 
 def test_the_cell_run_loads_no_plugin_from_the_environment(
@@ -50,24 +50,24 @@ def test_the_cell_run_loads_no_plugin_from_the_environment(
     """Users' pytest plugins (timeouts, reruns, benchmarks) stay out of the cell run; xdist
     is named explicitly, and the caller's setting comes back afterwards."""
     seen: list[str | None] = []
-    monkeypatch.setenv(run.NO_AUTOLOAD, "0")
+    monkeypatch.setenv(pytest_launch.NO_AUTOLOAD, "0")
 
     def main(*args: object, **kwargs: object) -> int:
-        seen.append(os.environ.get(run.NO_AUTOLOAD))
+        seen.append(os.environ.get(pytest_launch.NO_AUTOLOAD))
         return 0
 
     monkeypatch.setattr(pytest, "main", main)
-    args = run.pytest_args(tmp_path / "plan.json", workers=2)
-    assert run.run_pytest(args, Controller(tmp_path, {}), threads=1) == 0
-    assert seen == ["1"] and os.environ[run.NO_AUTOLOAD] == "0"
+    args = pytest_launch.pytest_args(tmp_path / "plan.json", workers=2)
+    assert pytest_launch.run_pytest(args, Controller(tmp_path, {}), threads=1) == 0
+    assert seen == ["1"] and os.environ[pytest_launch.NO_AUTOLOAD] == "0"
     assert args[args.index("xdist.plugin") - 1] == "-p"
 
 
 def test_worker_count_never_exceeds_cells() -> None:
     cells = [ran(f"f{i}", "cpu").cell for i in range(3)]
-    assert run.worker_count("8", cells) == 3
-    assert run.worker_count("0", cells) == 0
-    assert run.worker_count("auto", cells * 400) >= 1
+    assert pytest_launch.worker_count("8", run.batches_of(cells, 1)) == 3
+    assert pytest_launch.worker_count("0", run.batches_of(cells, 1)) == 0
+    assert pytest_launch.worker_count("auto", run.batches_of(cells * 400, 1)) >= 1
 
 
 def test_auto_workers_give_every_gpu_its_own_worker(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -77,7 +77,9 @@ def test_auto_workers_give_every_gpu_its_own_worker(monkeypatch: pytest.MonkeyPa
         for i in range(4)
         for device in ("cpu", "cuda:0", "cuda:1", "cuda:2")
     ]
-    assert run.worker_count("auto", cells) == 4  # three GPUs and the CPU, on 2 cores
+    assert (
+        pytest_launch.worker_count("auto", run.batches_of(cells, 1)) == 4
+    )  # three GPUs and the CPU, on 2 cores
 
 
 def test_auto_workers_are_none_where_one_would_do(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -85,17 +87,20 @@ def test_auto_workers_are_none_where_one_would_do(monkeypatch: pytest.MonkeyPatc
     no worker interpreter to start; explicit counts are kept."""
     monkeypatch.setattr("os.cpu_count", lambda: 16)
     one_batch = [ran(f"f{i}", "cpu").cell for i in range(5)]
-    assert run.worker_count("auto", one_batch, batch=16) == 0
-    assert run.worker_count("1", one_batch, batch=16) == 1
+    assert pytest_launch.worker_count("auto", run.batches_of(one_batch, 16)) == 0
+    assert pytest_launch.worker_count("1", run.batches_of(one_batch, 16)) == 1
     models_on_one_gpu = [replace(ran("none", "cuda:0").cell, case=f"m{i}") for i in range(14)]
-    assert run.worker_count("auto", models_on_one_gpu, batch=16) == 0
-    assert run.worker_count("auto", models_on_one_gpu + one_batch * 4, batch=1) == 16
+    assert pytest_launch.worker_count("auto", run.batches_of(models_on_one_gpu, 16)) == 0
+    assert (
+        pytest_launch.worker_count("auto", run.batches_of(models_on_one_gpu + one_batch * 4, 1))
+        == 16
+    )
 
 
 def test_timing_runs_from_this_process_where_there_is_one_device() -> None:
-    assert run.timing_workers({"cpu"}) == 0
-    assert run.timing_workers({"cuda:0"}) == 0
-    assert run.timing_workers({"cpu", "cuda:0", "cuda:1"}) == 3
+    assert pytest_launch.timing_workers({"cpu"}) == 0
+    assert pytest_launch.timing_workers({"cuda:0"}) == 0
+    assert pytest_launch.timing_workers({"cpu", "cuda:0", "cuda:1"}) == 3
 
 
 def test_gpu_cells_are_grouped_per_device_in_the_correctness_phase(

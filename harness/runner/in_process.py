@@ -53,16 +53,19 @@ def append(run_dir: Path, record: CellRecord) -> None:
 
 def run_batches_here(
     run_dir: Path, batches: list[list[Cell]], limits: Limits, threads: int, trace: bool
-) -> int:
-    """The correctness phase's batches, one after another; returns 0, as pytest would."""
+) -> list[CellRecord]:
+    """The correctness phase's batches, one after another; each record is appended as its
+    cell ends, and all of them are returned for the run's next phase."""
     remember_worker_state()
     progress = Progress(sum(len(batch) for batch in batches))
     limits_of = partial(limits_for, limits=limits)
+    records: list[CellRecord] = []
     for batch in batches:
         for record in batch_records(batch, WORKER, limits_of, threads, trace):
             append(run_dir, record)
+            records.append(record)
             progress.line(record.cell.id, progress_label(record))
-    return 0
+    return records
 
 
 def time_batches_here(
@@ -71,10 +74,12 @@ def time_batches_here(
     timing: TimingConfig,
     limits: Limits,
     threads: int,
-) -> int:
-    """The timing phase's batches of columns, one after another; returns 0."""
+) -> list[CellRecord]:
+    """The timing phase's batches of columns, one after another; each record is appended
+    as its column ends, and all of them are returned."""
     remember_worker_state()
     progress = Progress(sum(len(batch) for batch in batches))
+    records: list[CellRecord] = []
     for batch in batches:
         columns = list(batch.values())
         own_limits = limits_for(columns[0][0].cell, limits)
@@ -83,5 +88,6 @@ def time_batches_here(
         ):
             for record in timed:
                 append(run_dir, record)
+            records.extend(timed)
             progress.line(name, column_label(timed))
-    return 0
+    return records

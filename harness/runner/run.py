@@ -13,14 +13,13 @@ one case in one forked process.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -32,17 +31,22 @@ from harness.measure.host import torch_state
 from harness.measure.host.environment import capture_environment, now_iso
 from harness.measure.running import fitting
 from harness.results import storage
-from harness.runner.in_process import interrupted, run_batches_here, stopped, time_batches_here
+from harness.runner.in_process import interrupted, run_batches_here, time_batches_here
 from harness.runner.matrix import Plan, expand
+from harness.runner.pytest_launch import (
+    launch_cells,
+    launch_timing,
+    threads_per_worker,
+    timing_threads,
+    timing_workers,
+    worker_count,
+)
 from harness.schema.axes import FIT_STAGE, SIZES, SMALL_SIZE, TIMED_SIZE, Cell, rank
 from harness.schema.config import RunConfig, TimingConfig
 from harness.schema.records import CellRecord, Outcome
 from harness.schema.releases import torch_release
 from harness.schema.run_files import RunPlan
 from harness.schema.selection import SelectionError, check_selection
-
-if TYPE_CHECKING:  # pytest is imported where workers run the cells
-    from harness.runner.cell_items import Controller
 
 
 def discover_cases(cases_dirs: Sequence[Path]) -> list[Case]:
@@ -77,9 +81,11 @@ def start_run_dir(config: RunConfig) -> Path:
     return run_dir
 
 
-def record_skipped(run_dir: Path, plan: Plan) -> None:
-    for cell, reason in plan.skipped:
-        storage.append_record(run_dir, execute.skipped_record(cell, reason))
+def record_skipped(run_dir: Path, plan: Plan) -> list[CellRecord]:
+    records = [execute.skipped_record(cell, reason) for cell, reason in plan.skipped]
+    for record in records:
+        storage.append_record(run_dir, record)
+    return records
 
 
 def report_import_changes(changed: dict[str, tuple[str, ...]]) -> None:
@@ -92,82 +98,6 @@ def report_import_changes(changed: dict[str, tuple[str, ...]]) -> None:
             file=sys.stderr,
             flush=True,
         )
-
-
-def write_plan(run_dir: Path, name: str, **items: Any) -> Path:
-    """A plan file for pytest: the items to run; the settings come from the run's config
-    in ``run-plan.json``."""
-    path = run_dir / name
-    data = {"run_dir": str(run_dir.resolve()), **items}
-    storage.write_atomic(path, json.dumps(data, indent=1) + "\n")
-    return path
-
-
-def worker_count(workers: str, cells: Sequence[Cell], batch: int = 1) -> int:
-    """Worker processes for the correctness phase, never more than there are batches.
-    ``auto``: one per GPU (each GPU's batches go to one worker), and the other cores for
-    the CPU's batches (at least one); none where that makes one worker: the cells then run
-    from this process (each batch still in a forked child), since a worker's interpreter
-    costs more to start and stop (2 s) than it saves."""
-    batches = batches_of(cells, batch)
-    if workers != "auto":
-        return max(0, min(int(workers), len(batches)))
-    gpus = len({b[0].device for b in batches if b[0].device.startswith("cuda")})
-    cpu_batches = sum(b[0].device == "cpu" for b in batches)
-    cpu_workers = min(cpu_batches, max(1, (os.cpu_count() or 1) - gpus))
-    wanted = gpus + cpu_workers
-    return wanted if wanted > 1 else 0
-
-
-#: pytest plugins the cell run does without: no cache files in the results directory, and
-#: the harness prints its own progress lines instead of pytest's.
-DISABLED_PLUGINS = ("cacheprovider", "terminal")
-NO_AUTOLOAD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
-
-
-def pytest_args(plan_path: Path, workers: int, grouped: bool = False, items: int = 0) -> list[str]:
-    """The cell run's own pytest session. Plugins installed in the environment are not
-    loaded (``run_pytest`` turns autoload off): measured on a GPU box with pytest-timeout,
-    -benchmark, -cov and -mock installed, a worker crash in the timing phase was retried
-    until the session gave up, with nothing recorded."""
-    args = [str(plan_path), "-c", os.devnull, "--rootdir", str(plan_path.parent)]
-    args += ["-p", "harness.runner.cell_items", "--assert=plain"]
-    for plugin in DISABLED_PLUGINS:
-        args += ["-p", f"no:{plugin}"]
-    if workers > 0:  # even one worker runs in its own process, so a crash costs one cell
-        # a worker that dies costs its item only: replace every one, up to one per item
-        args += ["-p", "xdist.plugin", "-n", str(workers), "--max-worker-restart", str(items)]
-        if grouped:
-            args += ["--dist", "loadgroup"]
-    return args
-
-
-def threads_per_worker(workers: int) -> int:
-    return max(1, (os.cpu_count() or 1) // max(1, workers))
-
-
-def run_pytest(args: list[str], controller: Controller, threads: int) -> int:
-    """pytest's exit code; a record that could not be written stops the run here, with
-    the reason and how to finish it."""
-    import pytest
-
-    from harness.runner.cell_items import THREADS_VARIABLE
-
-    os.environ[THREADS_VARIABLE] = str(threads)
-    autoload = os.environ.get(NO_AUTOLOAD)
-    os.environ[NO_AUTOLOAD] = "1"  # inherited by the xdist workers
-    try:
-        code = int(pytest.main(args, plugins=[controller]))
-    finally:
-        if autoload is None:
-            del os.environ[NO_AUTOLOAD]
-        else:
-            os.environ[NO_AUTOLOAD] = autoload
-    if controller.not_written:
-        raise stopped(controller.run_dir, controller.not_written)
-    if code == pytest.ExitCode.INTERRUPTED:  # pytest took the Ctrl-C: the run stops too
-        raise KeyboardInterrupt
-    return code
 
 
 def batches_of(cells: Sequence[Cell], size: int) -> list[list[Cell]]:
@@ -189,38 +119,67 @@ def batch_key(cell: Cell) -> tuple[str, str, str, str]:
     return cell.case, cell.device, cell.size, cell.stage
 
 
-def execute_cells(run_dir: Path, plan: Plan, workers: int, config: RunConfig) -> int:
+class Recorded:
+    """The run's records as its phases produce them, one per cell, a later one for a cell
+    (its timed record) replacing the earlier, as when ``cells.jsonl`` is read. Every record
+    is appended to ``cells.jsonl`` as its cell ends, and the file stays the source of
+    truth (``--resume`` reads it); this is what the run's own process knows of it, passed
+    from phase to phase instead of reading the file again."""
+
+    def __init__(self, records: Iterable[CellRecord] = ()) -> None:
+        self.by_cell: dict[Cell, CellRecord] = {}
+        self.add(records)
+
+    def add(self, records: Iterable[CellRecord]) -> None:
+        for record in records:
+            self.by_cell.pop(record.cell, None)
+            self.by_cell[record.cell] = record
+
+    def reread(self, run_dir: Path) -> None:
+        """After a phase run by pytest workers: their records are in ``cells.jsonl`` only
+        (the workers are other processes), so it is read once, here, as the phase ends."""
+        self.by_cell = {}
+        self.add(storage.read_records(run_dir, problems=[]))
+
+    def __contains__(self, cell: Cell) -> bool:
+        return cell in self.by_cell
+
+    def get(self, cell: Cell) -> CellRecord | None:
+        return self.by_cell.get(cell)
+
+    def records(self) -> list[CellRecord]:
+        return list(self.by_cell.values())
+
+
+def execute_cells(
+    run_dir: Path, plan: Plan, workers: int, config: RunConfig, recorded: Recorded
+) -> int:
     """Correctness phase: run the cells as pytest items, a batch of one case's cells to an
     item; cells a dead worker left without a record get a second pass, one to an item.
     Returns pytest's exit code."""
     if not plan.to_run:
         return 0
-    code = run_batches(run_dir, batches_of(plan.to_run, config.batch), workers, config)
-    recorded = {r.cell for r in storage.read_records(run_dir, problems=[])}
+    batches = batches_of(plan.to_run, config.batch)
+    code = run_batches(run_dir, batches, workers, config, recorded)
     left = [cell for cell in plan.to_run if cell not in recorded]
     if left and config.batch > 1:
-        code = max(code, run_batches(run_dir, [[cell] for cell in left], workers, config))
+        retry = [[cell] for cell in left]
+        code = max(code, run_batches(run_dir, retry, workers, config, recorded))
     return code
 
 
-def run_batches(run_dir: Path, batches: list[list[Cell]], workers: int, config: RunConfig) -> int:
+def run_batches(
+    run_dir: Path, batches: list[list[Cell]], workers: int, config: RunConfig, recorded: Recorded
+) -> int:
     workers = min(workers, len(batches))
     fitting.use_steps(config.fit_steps)
     if workers == 0:
         threads = threads_per_worker(0)
-        return run_batches_here(run_dir, batches, config.limits, threads, config.trace)
-    from harness.runner.cell_items import Controller, cell_crashes
-
-    plan_path = write_plan(
-        run_dir,
-        storage.PLAN_FILE,
-        batches=[[cell.to_dict() for cell in batch] for batch in batches],
-    )
-    units = sum(len(batch) for batch in batches)
-    controller = Controller(run_dir, cell_crashes(run_dir, batches), units)
-    grouped = any(batch[0].device.startswith("cuda") for batch in batches)
-    args = pytest_args(plan_path, workers, grouped, items=len(batches))
-    return run_pytest(args, controller, threads_per_worker(workers))
+        recorded.add(run_batches_here(run_dir, batches, config.limits, threads, config.trace))
+        return 0
+    code = launch_cells(run_dir, batches, workers)
+    recorded.reread(run_dir)
+    return code
 
 
 def needs_timing(record: CellRecord) -> bool:
@@ -234,10 +193,9 @@ def needs_timing(record: CellRecord) -> bool:
     )
 
 
-def cells_to_time(run_dir: Path) -> list[CellRecord]:
+def cells_to_time(records: Sequence[CellRecord]) -> list[CellRecord]:
     """Cells to time, at the size timed on their device, in a fixed order: what ran before
     a timed call (allocator and cache state) must be the same from run to run."""
-    records = storage.read_records(run_dir)
     timed = timed_sizes(records)
     return sorted(
         (r for r in records if needs_timing(r) and r.cell.size == timed[size_key(r.cell)]),
@@ -302,26 +260,34 @@ def measured_seconds(record: CellRecord) -> float:
     return sum(perf.time_samples) * perf.time_block if perf else 0.0
 
 
-def time_cells(run_dir: Path, config: RunConfig) -> tuple[int, TimingPhase | None]:
+def time_cells(
+    run_dir: Path, config: RunConfig, recorded: Recorded
+) -> tuple[int, TimingPhase | None]:
     """Timing phase: each device's columns one at a time. Returns the exit code (pytest's,
     where workers ran) and what the phase spent its time on (None: nothing timed)."""
-    records = cells_to_time(run_dir)
-    if not records or config.timing is None:
+    if config.timing is None:
+        return 0, None
+    records = cells_to_time(recorded.records())
+    if not records:
         return 0, None
     started = time.monotonic()
-    code = time_columns(run_dir, records, config, config.timing)
-    timed = {r.cell: r for r in storage.read_records(run_dir, problems=[])}
+    code = time_columns(run_dir, records, config, config.timing, recorded)
+    timed = [recorded.get(r.cell) for r in records]
     phase = TimingPhase(
         cells=len(records),
         wall_s=time.monotonic() - started,
-        measured_s=sum(measured_seconds(timed[r.cell]) for r in records if r.cell in timed),
+        measured_s=sum(measured_seconds(r) for r in timed if r is not None),
     )
     print(phase.line(), flush=True)
     return code, phase
 
 
 def time_columns(
-    run_dir: Path, records: list[CellRecord], config: RunConfig, timing: TimingConfig
+    run_dir: Path,
+    records: list[CellRecord],
+    config: RunConfig,
+    timing: TimingConfig,
+    recorded: Recorded,
 ) -> int:
     columns = timing_columns(records)
     batches = timing_batches(columns)
@@ -331,23 +297,14 @@ def time_columns(
         flush=True,
     )
     devices = {r.cell.device for r in records}
-    threads = (os.cpu_count() or 1) if devices == {"cpu"} else threads_per_worker(len(devices))
+    threads = timing_threads(devices)
     workers = timing_workers(devices)
     if workers == 0:
-        return time_batches_here(run_dir, batches, timing, config.limits, threads)
-    from harness.runner.cell_items import Controller, timing_crashes
-
-    plan_path = write_plan(
-        run_dir,
-        storage.TIMING_PLAN_FILE,
-        timing_batches=[
-            {name: [r.to_dict() for r in column] for name, column in batch.items()}
-            for batch in batches
-        ],
-    )
-    controller = Controller(run_dir, timing_crashes(run_dir, batches), units=len(columns))
-    args = pytest_args(plan_path, workers, grouped=True, items=len(batches))
-    return run_pytest(args, controller, threads)
+        recorded.add(time_batches_here(run_dir, batches, timing, config.limits, threads))
+        return 0
+    code = launch_timing(run_dir, batches, workers, threads)
+    recorded.reread(run_dir)
+    return code
 
 
 def timing_batches(columns: dict[str, list[CellRecord]]) -> list[dict[str, list[CellRecord]]]:
@@ -358,22 +315,15 @@ def timing_batches(columns: dict[str, list[CellRecord]]) -> list[dict[str, list[
     return list(batches.values())
 
 
-def timing_workers(devices: set[str]) -> int:
-    """One worker per device; none where there is one device: its columns are timed from
-    this process (each in a forked child), with no worker to wait for (4-5 s on a 2-core
-    CPU before the first column) or to stop."""
-    return len(devices) if len(devices) > 1 else 0
-
-
 def finish_run(
     run_dir: Path,
     exit_code: int,
     workers: int,
     config: RunConfig,
+    records: Sequence[CellRecord],
     timing_phase: TimingPhase | None = None,
 ) -> None:
     env = storage.read_env(run_dir)
-    records = storage.read_records(run_dir)
     env = replace(
         env,
         finished_at=now_iso(),
@@ -437,21 +387,25 @@ def write_run_plan(run_dir: Path, plan: Plan, config: RunConfig) -> None:
     storage.write_run_plan(run_dir, RunPlan(config, tuple(plan.to_run), tuple(plan.skipped)))
 
 
-def run_cells(run_dir: Path, plan: Plan, config: RunConfig) -> Path:
-    """Record the skipped cells, run the others, time what ran, and close the run. Ctrl-C
-    stops it with how to finish it (``interrupted``)."""
+def run_cells(
+    run_dir: Path, plan: Plan, config: RunConfig, recorded: Recorded | None = None
+) -> Path:
+    """Record the skipped cells, run the others, time what ran, and close the run; the
+    records pass from phase to phase in ``recorded`` (a resumed run's: those it had).
+    Ctrl-C stops it with how to finish it (``interrupted``)."""
     try:
-        return run_and_time(run_dir, plan, config)
+        return run_and_time(run_dir, plan, config, recorded or Recorded())
     except KeyboardInterrupt:
         raise interrupted(run_dir) from None
 
 
-def run_and_time(run_dir: Path, plan: Plan, config: RunConfig) -> Path:
-    record_skipped(run_dir, plan)
-    workers = worker_count(config.workers, plan.to_run, config.batch)
-    exit_code = execute_cells(run_dir, plan, workers, config)
-    timing_code, timing_phase = time_cells(run_dir, config)
-    finish_run(run_dir, max(exit_code, timing_code), workers, config, timing_phase)
+def run_and_time(run_dir: Path, plan: Plan, config: RunConfig, recorded: Recorded) -> Path:
+    recorded.add(record_skipped(run_dir, plan))
+    workers = worker_count(config.workers, batches_of(plan.to_run, config.batch))
+    exit_code = execute_cells(run_dir, plan, workers, config, recorded)
+    timing_code, timing_phase = time_cells(run_dir, config, recorded)
+    exit_code = max(exit_code, timing_code)
+    finish_run(run_dir, exit_code, workers, config, recorded.records(), timing_phase)
     return run_dir
 
 
@@ -478,9 +432,10 @@ def resume(run_dir: Path, workers: str = "auto") -> Path:
 
 
 def resume_locked(run_dir: Path, workers: str) -> Path:
-    config, plan, planned = saved_state(run_dir)
-    config = replace(config, workers=workers)
-    if not plan.to_run and not plan.skipped and not (config.timing and cells_to_time(run_dir)):
+    saved = saved_state(run_dir)
+    config, plan = replace(saved.config, workers=workers), saved.plan
+    untimed = config.timing and cells_to_time(saved.recorded.records())
+    if not plan.to_run and not plan.skipped and not untimed:
         print(f"ampmatrix: {run_dir} is complete: nothing left to run or time", flush=True)
         return run_dir
     dropped = storage.drop_partial_last_line(run_dir)
@@ -488,16 +443,30 @@ def resume_locked(run_dir: Path, workers: str) -> Path:
     resumed = {"at": now_iso(), "dropped_partial_line": dropped, "cells_left": len(plan.to_run)}
     storage.write_env(run_dir, replace(env, resumed=[*(env.resumed or []), resumed]))
     print(
-        f"ampmatrix: resuming {run_dir}: {len(plan.to_run)} of {planned} cells left to run",
+        f"ampmatrix: resuming {run_dir}: {len(plan.to_run)} of {saved.planned} cells left to run",
         flush=True,
     )
-    return run_cells(run_dir, plan, config)
+    return run_cells(run_dir, plan, config, saved.recorded)
 
 
-def saved_state(run_dir: Path) -> tuple[RunConfig, Plan, int]:
-    """What ``--resume`` reads before it runs anything: the run's configuration, the cells
-    still without a record, and how many cells the run planned. Only reads; a run plan or
-    env.json that cannot be used raises ``ResultsError`` naming the file."""
+@dataclasses.dataclass(frozen=True)
+class SavedRun:
+    """What ``--resume`` reads of a stopped run before it runs anything."""
+
+    config: RunConfig
+    #: The cells still without a record.
+    plan: Plan
+    #: How many cells the run planned.
+    planned: int
+    #: The records the stopped run left, which its phases go on from.
+    recorded: Recorded
+
+
+def saved_state(run_dir: Path) -> SavedRun:
+    """The stopped run's configuration, its cells still without a record and the records
+    it left (``cells.jsonl`` read once, here: a line the stopped run left cut off is no
+    record). Only reads; a run plan or env.json that cannot be used raises ``ResultsError``
+    naming the file."""
     saved = storage.read_run_plan(run_dir)
     check_same_torch(run_dir)
     config = replace(saved.config, results_root=run_dir.parent)
@@ -505,9 +474,9 @@ def saved_state(run_dir: Path) -> tuple[RunConfig, Plan, int]:
         cases_of_run(config)
     except (CaseContractError, model_case.ModelCheckError) as error:
         raise storage.ResultsError(f"{run_dir / storage.RUN_PLAN_FILE}: {error}") from error
-    done = {record.cell for record in storage.read_records(run_dir, problems=[])}
+    recorded = Recorded(storage.read_records(run_dir, problems=[]))
     plan = Plan(
-        to_run=[c for c in saved.cells if c not in done],
-        skipped=[(c, reason) for c, reason in saved.skipped if c not in done],
+        to_run=[c for c in saved.cells if c not in recorded],
+        skipped=[(c, reason) for c, reason in saved.skipped if c not in recorded],
     )
-    return config, plan, len(saved.cells)
+    return SavedRun(config, plan, len(saved.cells), recorded)
