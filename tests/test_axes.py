@@ -10,14 +10,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
 from harness.cli.options import add_run_options, selection_from
 from harness.measure.authoring.registry import unknown_axis_values
 from harness.plugin import cell_id, expected_label
-from harness.schema.axes import AXES, COLUMN_AXES, MODEL_AXES, Cell, Column, axes_of, axis
+from harness.schema import axes
+from harness.schema.axes import AXES, AXIS, COLUMN_AXES, MODEL_AXES, Cell, Column, axes_of, axis
 from harness.schema.selection import Selection, SelectionError, check_selection
 
 
@@ -138,3 +139,23 @@ def test_the_real_axes_keep_their_ids_and_flags() -> None:
     assert {f"--{a.name}" for a in AXES} <= flags
     expect = {"cuda/bfloat16": "passes[drift]"}
     assert expected_label(expect, cell) == "passes[drift]"
+
+
+def test_each_vocabulary_is_its_literal_type_and_its_named_values_are_in_it() -> None:
+    """The tuples, the table's vocabularies and the named constants come from one
+    ``Literal`` per axis (mypy checks the values written against it)."""
+    assert axes.DTYPES == get_args(axes.Dtype) == AXIS["dtype"].vocabulary
+    assert axes.MODE_NAMES == get_args(axes.ModeName) == tuple(axes.MODES)
+    assert AXIS["mode"].vocabulary == axes.MODE_NAMES
+    assert axes.BACKENDS == get_args(axes.Backend) == AXIS["backend"].vocabulary
+    assert axes.COMPILE_MODES == get_args(axes.CompileMode) == AXIS["compile"].vocabulary
+    assert axes.SIZES == get_args(axes.SizeName) == AXIS["size"].vocabulary
+    assert axes.STAGES == get_args(axes.Stage) == AXIS["stage"].vocabulary
+    assert axes.DEVICE_KINDS == get_args(axes.DeviceKind) == AXIS["device"].vocabulary
+    assert set(axes.LOW_PRECISION_DTYPES) < set(axes.DTYPES)
+    assert {axes.FORWARD_STAGE, axes.TRAIN_STAGE, axes.FIT_STAGE} == set(axes.STAGES)
+    assert {axes.SMALL_SIZE, axes.UPSTREAM_SIZE} == set(axes.SIZES)
+    assert axes.EAGER in axes.COMPILE_MODES
+    assert set(axes.TIMED_SIZE) == set(axes.DEFAULT_SIZES) == set(axes.DEVICE_KINDS)
+    controls = (axes.CONTROL_DTYPE, axes.CONTROL_MODE)
+    assert controls == ("float32", "fp32") and axes.CONTROL_MODE in axes.MODES

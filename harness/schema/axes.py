@@ -8,20 +8,27 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final, Literal, get_args
 
+from harness.schema.devices import DEVICE_KINDS as DEVICE_KINDS  # the device axis's values
+from harness.schema.devices import INDEXED_KINDS, indexed_device
+from harness.schema.devices import DeviceKind as DeviceKind
 from harness.schema.typed import as_mapping, mismatch
 
 #: Low-precision dtypes under test, and the fp32 control (used only by mode ``fp32``).
-DTYPES = ("float16", "bfloat16", "float32")
-LOW_PRECISION_DTYPES = ("float16", "bfloat16")
+Dtype = Literal["float16", "bfloat16", "float32"]
+DTYPES: tuple[Dtype, ...] = get_args(Dtype)
+LOW_PRECISION_DTYPES: tuple[Dtype, ...] = ("float16", "bfloat16")
+
+#: The precision modes' names, in the order reports show them (see :data:`MODES`).
+ModeName = Literal["autocast", "half", "half-autocast", "fp32"]
 
 
 @dataclass(frozen=True)
 class Mode:
     """How the harness puts a cell's precision on a case's float32 model and inputs."""
 
-    name: str
+    name: ModeName
     #: Model (weights, floating buffers) and floating inputs cast to the cell dtype.
     casts_model: bool
     #: The fix runs inside ``torch.autocast(device, dtype)``.
@@ -47,43 +54,44 @@ MODES: dict[str, Mode] = {
         Mode("fp32", False, False, "the control: weights and inputs in float32, no autocast"),
     )
 }
-MODE_NAMES = tuple(MODES)
+MODE_NAMES: tuple[ModeName, ...] = get_args(ModeName)
 
 
 #: Attention backends a case may declare. ``flash-attn-contract`` enforces flash-attn's
 #: documented input contract and computes with SDPA; it stands in where flash-attn is absent.
-BACKENDS = ("sdpa", "eager", "flash-attn", "flash-attn-contract")
+Backend = Literal["sdpa", "eager", "flash-attn", "flash-attn-contract"]
+BACKENDS: tuple[Backend, ...] = get_args(Backend)
 
 #: How the fix runs: ``eager``, or compiled whole with ``torch.compile(backend="inductor")``.
-COMPILE_MODES = ("eager", "inductor")
-EAGER = "eager"
+CompileMode = Literal["eager", "inductor"]
+COMPILE_MODES: tuple[CompileMode, ...] = get_args(CompileMode)
+EAGER: Final = "eager"
 
 #: Workload sizes, in the order reports show them: every case has ``small`` (toy
 #: dimensions: CI and correctness); a case may declare ``upstream`` (the real model's
 #: dimensions, from the config it cites). Speed is never compared across sizes.
-SMALL_SIZE = "small"
-UPSTREAM_SIZE = "upstream"
-SIZES = (SMALL_SIZE, UPSTREAM_SIZE)
+SizeName = Literal["small", "upstream"]
+SIZES: tuple[SizeName, ...] = get_args(SizeName)
+SMALL_SIZE: Final = "small"
+UPSTREAM_SIZE: Final = "upstream"
 #: The size timed where a run has both, by device kind: on a GPU the real model's shapes
 #: (toy shapes measure launch overhead), on a CPU the small one (half-precision matmuls at
 #: model dimensions take minutes there, and a CPU's speed predicts no GPU's anyway).
-TIMED_SIZE = {"cuda": UPSTREAM_SIZE, "cpu": SMALL_SIZE}
+TIMED_SIZE: dict[DeviceKind, SizeName] = {"cuda": UPSTREAM_SIZE, "cpu": SMALL_SIZE}
 #: The sizes a run covers on each device kind unless ``--size`` says otherwise: correctness
 #: at both sizes where that is affordable (a GPU), the small size alone on a CPU.
-DEFAULT_SIZES = {"cuda": SIZES, "cpu": (SMALL_SIZE,)}
+DEFAULT_SIZES: dict[DeviceKind, tuple[SizeName, ...]] = {"cuda": SIZES, "cpu": (SMALL_SIZE,)}
 
 #: What a cell runs: ``forward``, one pass under ``no_grad`` (every case has it); ``train``,
 #: one training step with the recipe of the cell's mode (the loss and every gradient
 #: judged against a float64 step); ``fit``, a short run of steps.
-FORWARD_STAGE = "forward"
-TRAIN_STAGE = "train"
-FIT_STAGE = "fit"
-STAGES = (FORWARD_STAGE, TRAIN_STAGE, FIT_STAGE)
+Stage = Literal["forward", "train", "fit"]
+STAGES: tuple[Stage, ...] = get_args(Stage)
+FORWARD_STAGE: Final = "forward"
+TRAIN_STAGE: Final = "train"
+FIT_STAGE: Final = "fit"
 #: The stages a run covers unless ``--stage`` says otherwise (a fit is asked for).
-DEFAULT_STAGES = (FORWARD_STAGE, TRAIN_STAGE)
-
-#: Device kinds a case may declare; ``cuda`` expands to every visible ``cuda:N``.
-DEVICE_KINDS = ("cpu", "cuda")
+DEFAULT_STAGES: tuple[Stage, ...] = (FORWARD_STAGE, TRAIN_STAGE)
 
 
 def rank(order: tuple[str, ...], value: str) -> int:
@@ -116,7 +124,8 @@ class Axis:
     model_default: tuple[str, ...] | None = None
     #: Names a selection may use beyond the values (``all``).
     requests: tuple[str, ...] = ()
-    #: Values that take an index, ``cuda`` as ``cuda:N``; ``cuda`` then selects them all.
+    #: Device kinds whose devices take an index, ``cuda`` as ``cuda:N`` (parsed by
+    #: :mod:`harness.schema.devices`); ``cuda`` then selects them all.
     indexed: tuple[str, ...] = ()
     #: What the flag takes, for its help, where it is more than a value.
     flag_help: str = ""
@@ -125,8 +134,8 @@ class Axis:
 
     def aliases(self, value: str) -> tuple[str, ...]:
         """The names that select ``value``: itself, and its kind where it is indexed."""
-        kind, colon, _ = value.partition(":")
-        return (value, kind) if colon and kind in self.indexed else (value,)
+        device = indexed_device(value) if self.indexed else None
+        return (value, device.kind) if device and device.kind in self.indexed else (value,)
 
     def selects(self, wanted: tuple[str, ...], value: str) -> bool:
         """Whether a selection of ``wanted`` (empty: every value) selects ``value``."""
@@ -136,8 +145,8 @@ class Axis:
 
     def is_request(self, name: str) -> bool:
         """A name any selection may use (``all``, ``cuda:3``) whatever the cases declare."""
-        kind, colon, index = name.partition(":")
-        return name in self.requests or (bool(colon) and kind in self.indexed and index.isdigit())
+        device = indexed_device(name) if self.indexed else None
+        return name in self.requests or (device is not None and device.kind in self.indexed)
 
 
 def axis(plural: str, **declaration: Any) -> Any:
@@ -163,7 +172,7 @@ class Cell:
         column=True,
         model_default=("cpu",),
         requests=("all",),
-        indexed=("cuda",),
+        indexed=INDEXED_KINDS,
         flag_help="; cpu, cuda, cuda:N or all",
     )
     dtype: str = axis(
