@@ -30,6 +30,7 @@ from harness.schema.axes import (
     TRAIN_STAGE,
     Cell,
 )
+from harness.schema.devices import CUDA, device_kind, indexed_device
 from harness.schema.selection import Selection
 
 
@@ -53,18 +54,22 @@ def concrete_devices(case: Case, requested: Sequence[str]) -> list[str]:
     """
     devices: list[str] = []
     for kind in case.devices:
-        if kind == "cuda":
-            devices += cuda_devices() or ["cuda"]
+        if kind == CUDA:
+            devices += cuda_devices() or [CUDA]
         else:
             devices.append(kind)
     if not requested or "all" in requested:
         return devices
     wanted = [d for d in devices if AXIS["device"].selects(tuple(requested), d)]
     return wanted + [
-        d
-        for d in requested
-        if d.startswith("cuda:") and d not in wanted and "cuda" in case.devices
+        d for d in requested if is_cuda_device(d) and d not in wanted and CUDA in case.devices
     ]
+
+
+def is_cuda_device(name: str) -> bool:
+    """Whether ``name`` is a CUDA device named by its index (``cuda:3``)."""
+    device = indexed_device(name)
+    return device is not None and device.kind == CUDA
 
 
 def concrete_sizes(case: Case, device: str, requested: Sequence[str]) -> tuple[str, ...]:
@@ -72,7 +77,7 @@ def concrete_sizes(case: Case, device: str, requested: Sequence[str]) -> tuple[s
     every size), else the device's default sizes, among the sizes the case declares."""
     if "all" in requested:
         return case.size_names
-    wanted = requested or DEFAULT_SIZES[device.split(":")[0]]
+    wanted = requested or DEFAULT_SIZES[device_kind(device)]
     return tuple(size for size in case.size_names if size in wanted)
 
 

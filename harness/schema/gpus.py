@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from harness.schema.devices import CUDA, Device, known_device
 from harness.schema.releases import torch_release
 
 #: The vendor prefix a device name starts with, left out where a GPU is named.
@@ -50,16 +51,16 @@ def gpu_name(gpu: GpuFacts) -> str:
 def gpu_for(gpus: Sequence[GpuFacts] | None, device: str) -> GpuFacts | None:
     """The GPU at a CUDA ``device`` (``cuda`` is ``cuda:0``): the entry recorded for that
     device, or else the entry at its index; None for the CPU or a GPU not recorded."""
-    if not device.startswith("cuda") or not gpus:
+    parsed = known_device(device)  # None for a device of a hand-made record
+    if parsed is None or parsed.kind != CUDA or not gpus:
         return None
-    index = device.partition(":")[2] or "0"
-    named = f"cuda:{index}"
+    named = str(Device(CUDA, parsed.ordinal))
     found = next(
         (gpu for gpu in gpus if isinstance(gpu, Mapping) and gpu.get("device") == named), None
     )
-    if found is not None or not index.isdigit() or int(index) >= len(gpus):
+    if found is not None or parsed.ordinal >= len(gpus):
         return found
-    return gpus[int(index)]
+    return gpus[parsed.ordinal]
 
 
 def device_label(gpus: Sequence[GpuFacts] | None, device: str) -> str:

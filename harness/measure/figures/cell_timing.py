@@ -30,6 +30,7 @@ from harness.measure.running.fix_run import (
 )
 from harness.schema.axes import Cell
 from harness.schema.config import TimingConfig
+from harness.schema.devices import CUDA
 from harness.schema.records import CellRecord, Note, NoteKind
 
 NOT_RERUNNABLE = "output changed between repeated calls: the timed work is not the checked work"
@@ -41,7 +42,7 @@ def prepare_call(cell: Cell) -> tuple[Callable[[], Any], torch.device]:
     with the same precision, gradient mode and autocast as its correctness run."""
     case = registry.get(cell.case)
     device = torch.device(cell.device)
-    if device.type == "cuda":
+    if device.type == CUDA:
         torch.cuda.set_device(device)
     ctx = context_for(case, cell, observe=False)
     workload = prepared_workload(case, ctx, case.kept_by(cell.fix))

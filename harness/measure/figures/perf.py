@@ -27,11 +27,15 @@ from harness.measure.host import caches, cuda_facts
 from harness.measure.host.environment import cpu_name
 from harness.measure.precision.dtypes import dtype_of
 from harness.schema.config import TimingConfig
+from harness.schema.devices import CUDA, DeviceKind, device_kind
 from harness.schema.records import Perf
 
 #: The peak GEMM grows until one call lasts PEAK_GEMM_MIN_S or reaches the largest size, so a
 #: slow dtype (fp16 on most CPUs) is measured without spending many seconds on it.
-PEAK_GEMM_SIZES = {"cpu": (256, 512, 1024, 2048), "cuda": (1024, 2048, 4096, 8192)}
+PEAK_GEMM_SIZES: dict[DeviceKind, tuple[int, ...]] = {
+    "cpu": (256, 512, 1024, 2048),
+    "cuda": (1024, 2048, 4096, 8192),
+}
 PEAK_GEMM_MIN_S = 0.01
 
 
@@ -125,7 +129,7 @@ def flops_and_memory(fn: Callable[[], Any], device: torch.device) -> tuple[int |
 
 
 def peak_memory(fn: Callable[[], Any], device: torch.device) -> tuple[int, str]:
-    if device.type == "cuda":
+    if device.type == CUDA:
         return peak_memory_cuda(fn, device), "cuda-allocator"
     return peak_memory_cpu(fn), "cpu-profiler"
 
@@ -154,7 +158,7 @@ def peak_matmul_gflops(device: str, dtype: str) -> tuple[float, str]:
 
 def device_model(device: str) -> str:
     """``NVIDIA H100 80GB HBM3`` or the CPU's model name."""
-    if torch.device(device).type == "cuda":
+    if device_kind(device) == CUDA:
         facts = cuda_facts.device_facts(device)
         return facts.name if facts is not None else device
     return cpu_name()
@@ -163,7 +167,7 @@ def device_model(device: str) -> str:
 def measure_peak_gflops(device: str, dtype: str) -> float:
     target = torch.device(device)
     stopwatch = stopwatch_for(target)
-    for n in PEAK_GEMM_SIZES[target.type]:
+    for n in PEAK_GEMM_SIZES[device_kind(device)]:
         gemm = square_gemm(n, target, dtype_of(dtype))
         if stopwatch.time_block(gemm, 1) >= PEAK_GEMM_MIN_S:
             break
@@ -183,7 +187,7 @@ def perf_figures(fn: Callable[[], Any], device: torch.device, dtype: str, timing
     flops, memory, memory_method = flops_and_memory(fn, device)
     peak, measured_at = peak_matmul_gflops(str(device), dtype)
     record = perf_record(timing, flops, memory, memory_method, peak, measured_at)
-    if device.type != "cuda":
+    if device.type != CUDA:
         return record
     calls = device_time_calls(timing)
     return replace(record, device_time_s=device_seconds(fn, calls), device_time_calls=calls)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from harness.schema.config import TimingConfig
+from harness.schema.devices import CUDA
 from harness.schema.stats import quartiles
 
 if TYPE_CHECKING:  # torch is imported where CUDA is timed: reports read this module too
@@ -104,7 +105,7 @@ class CudaEventStopwatch:
 
 
 def stopwatch_for(device: torch.device, flush_l2: bool = False) -> Stopwatch:
-    if device.type == "cuda":
+    if device.type == CUDA:
         return CudaEventStopwatch(device, flush_l2)
     return ClockStopwatch()
 

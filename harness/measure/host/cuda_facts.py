@@ -23,6 +23,7 @@ import torch
 
 from harness.measure.host import caches
 from harness.measure.host.forking import child_ignores_sigint, sigint_blocked
+from harness.schema.devices import parse_device
 
 
 @dataclass(frozen=True)
@@ -120,8 +121,7 @@ def facts() -> CudaFacts:
 
 def device_index(device: str) -> int:
     """``cuda:1`` -> 1; ``cuda`` -> the device a process uses first, 0."""
-    target = torch.device(device)
-    return target.index if target.index is not None else 0
+    return parse_device(device).ordinal
 
 
 def device_facts(device: str) -> DeviceFacts | None:

@@ -17,7 +17,8 @@ import torch
 
 from harness.measure.host import caches, cuda_facts, flash_kernels
 from harness.results.search import release_key
-from harness.schema.axes import Cell
+from harness.schema.axes import EAGER, Cell
+from harness.schema.devices import CPU, CUDA, Device, device_kind
 from harness.schema.releases import torch_release
 from harness.schema.run_files import Environment
 
@@ -38,7 +39,7 @@ PACKAGES = (
 def cuda_devices() -> list[str]:
     """The visible CUDA devices, learned without starting CUDA in this process (see
     :mod:`harness.measure.host.cuda_facts`: a run forks its cells from it)."""
-    return [f"cuda:{i}" for i in range(len(cuda_facts.facts().devices))]
+    return [str(Device(CUDA, i)) for i in range(len(cuda_facts.facts().devices))]
 
 
 @caches.cache
@@ -50,7 +51,7 @@ def module_available(name: str) -> bool:
 
 
 def device_skip_reason(device: str) -> str | None:
-    if device == "cpu":
+    if device_kind(device) == CPU:
         return None
     visible = cuda_devices()
     if not visible:
@@ -66,7 +67,7 @@ BFLOAT16_MIN_MAJOR = 8
 
 def dtype_skip_reason(device: str, dtype: str) -> str | None:
     too_old = (
-        device.startswith("cuda")
+        device_kind(device) == CUDA
         and dtype == "bfloat16"
         and flash_kernels.capability(device)[0] < BFLOAT16_MIN_MAJOR
     )
@@ -79,7 +80,7 @@ def backend_skip_reason(device: str, backend: str) -> str | None:
     cannot."""
     if backend == "flash-attn":
         return flash_kernels.skip_reason(device)
-    if backend == "flash-attn-contract" and device.startswith("cuda"):
+    if backend == "flash-attn-contract" and device_kind(device) == CUDA:
         real = flash_kernels.package_for(device)
         if not isinstance(real, str):
             return f"the real flash-attn kernel runs here instead ({real.describe()})"
@@ -114,7 +115,7 @@ def environment_skip_reason(cell: Cell, requires: tuple[str, ...] = ()) -> str |
 
 def compile_skip_reason(cell: Cell) -> str | None:
     """Inductor on the CPU writes and builds C++: it needs a compiler."""
-    if cell.compile != "inductor" or not cell.device.startswith("cpu"):
+    if cell.compile == EAGER or device_kind(cell.device) != CPU:
         return None
     if any(shutil.which(cc) for cc in ("g++", "c++", "clang++")):
         return None

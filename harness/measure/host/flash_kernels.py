@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from harness.measure.host import caches, cuda_facts
+from harness.schema.devices import CUDA, device_kind
 from harness.schema.gpus import gpu_name
 
 FLASH_ATTN_2 = "flash-attn"
@@ -105,7 +106,7 @@ def device_described(device: str) -> str:
 
 def package_for(device: str) -> FlashPackage | str:
     """The flash-attn package that runs on ``device``, or why none can."""
-    if not device.startswith("cuda"):
+    if device_kind(device) != CUDA:
         return "flash-attn needs a CUDA device"
     versions = installed_packages()
     flash2, flash4 = versions[FLASH_ATTN_2], versions[FLASH_ATTN_4]

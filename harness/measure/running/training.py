@@ -38,6 +38,7 @@ from harness.measure.tracing.backward_sites import (
     located_failure,
     located_non_finite,
 )
+from harness.schema.devices import CUDA, device_kind
 from harness.schema.records import Note, NoteKind
 
 #: GradScaler's default initial scale, and how many halvings a step may take before its
@@ -113,7 +114,7 @@ def grad_scaler_skip_reason(device: str) -> str | None:
     is what scales on a CPU; before it only CUDA had one (``torch.cuda.amp``)."""
     if hasattr(torch.amp, "GradScaler"):
         return None
-    if device.startswith("cuda"):
+    if device_kind(device) == CUDA:
         return None
     return "a GradScaler on the CPU needs torch 2.3+ (torch.amp.GradScaler)"
 
