@@ -16,10 +16,9 @@ from typing import Any
 import torch
 
 from harness.measure.host import caches
-
-#: The kinds of compute kernel, as a cell's ``compute_dtypes`` names them.
-MATMUL = "matmul"
-ATTENTION = "attention"
+from harness.schema.kernel_kinds import ATTENTION as ATTENTION  # the kinds, declared once
+from harness.schema.kernel_kinds import MATMUL as MATMUL
+from harness.schema.kernel_kinds import KernelKind
 
 #: Matmul kernels, by the positions of their two factors among the floating inputs.
 FACTORS = {"mm": 0, "bmm": 0, "mv": 0, "dot": 0, "addmm": 1, "_addmm_activation": 1}
@@ -59,7 +58,7 @@ def short_name(func: Any) -> str:
 
 
 @caches.cache
-def kernel_kind(func: Any) -> str | None:
+def kernel_kind(func: Any) -> KernelKind | None:
     """:data:`ATTENTION`, :data:`MATMUL` (a convolution too), or None for an op that is not
     a compute kernel."""
     name = short_name(func)
