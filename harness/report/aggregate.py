@@ -40,7 +40,6 @@ from harness.schema.axes import (
 )
 from harness.schema.records import (
     DRIFT,
-    REPRODUCES,
     CellRecord,
     Outcome,
     base_label,
@@ -331,15 +330,15 @@ def summary_matrix(frame: pd.DataFrame) -> pd.DataFrame:
 
 def version_view(frame: pd.DataFrame) -> pd.DataFrame:
     """For each case: in which torch versions its upstream path (fix ``none``) reproduces
-    the known failure, and in which dtypes."""
+    the known failure, raised or silent (a record's ``reproduces``), and in which dtypes."""
     upstream = frame.loc[
         (frame["fix"] == CONTROL_FIX) & (frame["outcome"] != Outcome.SKIPPED.value),
-        ["case", "torch_version", "base_label", "dtype", "mode"],
+        ["case", "torch_version", "reproduces", "dtype", "mode"],
     ]
     versions = sorted(upstream["torch_version"].unique(), key=release_key)
     by = ["case", "torch_version"]
     cells = upstream.groupby(by).size().to_dict()
-    repro = upstream[upstream["base_label"] == REPRODUCES].drop(columns="base_label")
+    repro = upstream[upstream["reproduces"].eq(True)].drop(columns="reproduces")
     reproduced = repro.groupby(by).size().to_dict()
     where: dict[tuple[str, str], set[str]] = {}
     for case, version, dtype, mode in repro.drop_duplicates().itertuples(index=False):
@@ -397,8 +396,8 @@ def _first_passing(by_version: dict[str, tuple[int, int]]) -> str:
 
 
 def _reproduction_text(cells: int, reproduced: int, where: set[str]) -> str:
-    """Of the ``cells`` that ran, ``reproduced`` raised the known failure, in the
-    ``dtype/mode`` columns ``where``."""
+    """Of the ``cells`` that ran, ``reproduced`` showed the known failure (raised it, or
+    showed its silent symptoms), in the ``dtype/mode`` columns ``where``."""
     if not cells:
         return "not run"
     if not reproduced:

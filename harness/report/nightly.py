@@ -108,7 +108,9 @@ class NightVerdict:
 
 
 def reproduces_its_known_failure(record: CellRecord) -> bool:
-    return record.outcome is Outcome.RAISES and record.reproduces is True
+    """The cell showed its case's known failure: raised it (``raises:repro``), or ran and
+    showed its silent symptoms (an ``inaccurate`` non-finite output, say)."""
+    return record.reproduces is True
 
 
 def on_the_upstream_path(cell: Cell) -> bool:

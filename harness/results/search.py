@@ -21,10 +21,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.schema.releases import torch_release
 from harness.results import storage
-from harness.schema.records import CellRecord, outcome_label
 from harness.schema.axes import Cell
+from harness.schema.records import CellRecord, Outcome, base_label, outcome_label
+from harness.schema.releases import torch_release
 
 NOT_RUN = "not run"
 #: Labels of a cell that did not run in a release.
@@ -167,7 +167,22 @@ class ReleaseSearch:
 
 def labels_of(records: Iterable[CellRecord]) -> dict[Cell, str]:
     """Each cell's outcome label (the last record of each cell wins, as in every reader)."""
-    return {r.cell: outcome_label(r) for r in records}
+    return {r.cell: reproduction_label(r) for r in records}
+
+
+#: What a label adds where the cell showed its case's known failure (``raises:repro``).
+REPRO = ":repro"
+
+
+def reproduction_label(record: CellRecord) -> str:
+    """A cell's outcome label saying whether it showed its case's known failure, raised
+    (``raises:repro``) or silent (``inaccurate:repro``, ``passes:repro[drift]``): the
+    release where a silent failure starts or stops reproducing is an outcome change too."""
+    label = outcome_label(record)
+    if record.outcome is Outcome.RAISES or record.reproduces is not True:
+        return label
+    base = base_label(record)
+    return f"{base}{REPRO}{label[len(base) :]}"
 
 
 def labels_of_run(run_dir: Path) -> dict[Cell, str]:

@@ -7,11 +7,11 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from harness.schema.releases import torch_release
-from harness.schema.records import CellRecord, Outcome, outcome_label
-from harness.schema.axes import Cell
-from harness.results.search import release_key
+from harness.results.search import release_key, reproduction_label
 from harness.results.summary import format_rows
+from harness.schema.axes import Cell
+from harness.schema.records import CellRecord, Outcome
+from harness.schema.releases import torch_release
 
 
 @dataclass(frozen=True)
@@ -31,11 +31,12 @@ class OutcomeChange:
 
 def outcomes_by_version(records: Iterable[CellRecord]) -> dict[Cell, dict[str, str]]:
     """For each cell that ran (a cell is the same across environments), its outcome label
-    under each torch version."""
+    under each torch version, saying where it reproduced its case's known failure, raised
+    or silent (:func:`~harness.results.search.reproduction_label`)."""
     table: dict[Cell, dict[str, str]] = {}
     for r in records:
         if r.outcome is not Outcome.SKIPPED:
-            table.setdefault(r.cell, {})[r.torch_version] = outcome_label(r)
+            table.setdefault(r.cell, {})[r.torch_version] = reproduction_label(r)
     return table
 
 
