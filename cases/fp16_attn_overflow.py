@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness import Case, FailureSignature, RunContext, Size, Upstream, Workload, fix, register
+from harness.measure.authoring.case import Symptom
 
 
 @dataclass(frozen=True)
@@ -152,13 +153,15 @@ class Fp16AttnOverflow(Case):
         ),
         url="https://github.com/huggingface/diffusers/issues/1614",
     )
-    #: The pattern is silent (NaN outputs, no error). Should a variant ever mix dtypes in
-    #: its matmuls (half probabilities against float32 v, say), torch would say this.
+    #: The pattern is silent: the overflowed logits give NaN outputs and no error. Should a
+    #: variant ever mix dtypes in its matmuls (half probabilities against float32 v, say),
+    #: torch would raise this.
     failure = FailureSignature(
         "RuntimeError",
         r"expected scalar type (?:Half|BFloat16|Float) but found (?:Half|BFloat16|Float)"
         r"|expected (?:m1|mat1) and (?:m2|mat2) to have the same dtype"
         r"|Input dtypes must be the same",
+        silent=(Symptom.NON_FINITE,),
     )
     reference_fix = "upcast-attention"
     devices = ("cpu", "cuda")

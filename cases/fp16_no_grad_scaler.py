@@ -33,6 +33,7 @@ from harness.measure.authoring.case import (
     FailureSignature,
     RunContext,
     Size,
+    Symptom,
     Upstream,
     Workload,
     fix,
@@ -78,9 +79,13 @@ class Fp16NoGradScaler(Case):
         issues=("Micikevicius et al. 2018, Mixed Precision Training, section 3.2",),
         url="https://pytorch.org/docs/stable/amp.html#gradient-scaling",
     )
-    #: The pattern is silent (gradients flushed to zero, no error); torch would only raise
-    #: this were a fix to mix dtypes in its matmuls.
-    failure = FailureSignature("RuntimeError", r"(m1 and m2|mat1 and mat2) to have the same dtype")
+    #: The pattern is silent: gradients flushed to zero, finite and beyond the tolerance, no
+    #: error; torch would only raise this were a fix to mix dtypes in its matmuls.
+    failure = FailureSignature(
+        "RuntimeError",
+        r"(m1 and m2|mat1 and mat2) to have the same dtype",
+        silent=(Symptom.BEYOND_YARDSTICK,),
+    )
     reference_fix = "grad-scaler"
     modes = ("autocast", "fp32")
     backends = ("eager",)

@@ -42,6 +42,7 @@ from harness.measure.authoring.case import (
     FailureSignature,
     RunContext,
     Size,
+    Symptom,
     Upstream,
     Workload,
     fix,
@@ -166,15 +167,16 @@ class MaskFinfoMinOverflow(Case):
         ),
         url="https://github.com/huggingface/transformers/pull/17306",
     )
-    #: The pattern fails silently (NaN), never with an exception. The signature is its loud
-    #: sibling, the reason upstream moved to finfo.min: a -1e4/-1e9 fill that a half
-    #: tensor cannot hold.
+    #: The pattern fails silently (NaN), never with an exception. The raised signature is
+    #: its loud sibling, the reason upstream moved to finfo.min: a -1e4/-1e9 fill that a
+    #: half tensor cannot hold.
     failure = FailureSignature(
         error_type="RuntimeError",
         message=(
             r"value cannot be converted to type (?:at|c10)::(?:Half|BFloat16) "
             r"without overflow"
         ),
+        silent=(Symptom.NON_FINITE,),
     )
     reference_fix = "clamp-fix"
     devices = ("cpu", "cuda")
