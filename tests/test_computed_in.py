@@ -14,28 +14,31 @@ from harness.schema.trail_records import Trail
 def record(
     dtype: str = "bfloat16",
     compute: dict[str, tuple[str, ...]] | None = None,
-    attn: str | None = None,
+    attn: tuple[str, ...] = (),
     outcome: Outcome = Outcome.PASSES,
 ) -> CellRecord:
     cell = Cell("c", "f", "cpu", dtype, "half" if dtype != "float32" else "fp32", "sdpa")
     trail = Trail(compute_dtypes=compute) if compute else None
-    return CellRecord(cell, "2.13.0", outcome, trail=trail, attn_dtype=attn)
+    return CellRecord(cell, "2.13.0", outcome, trail=trail, attn_dtypes=attn)
 
 
 @pytest.mark.parametrize(
     ("compute", "attn", "expected"),
     [
-        ({"matmul": ("bfloat16",), "attention": ("bfloat16",)}, None, ComputedIn.HALF),
-        ({"matmul": ("bfloat16",), "attention": ("float32",)}, None, ComputedIn.PARTLY),
-        ({"matmul": ("float32",), "attention": ("float32",)}, None, ComputedIn.FALLBACK),
+        ({"matmul": ("bfloat16",), "attention": ("bfloat16",)}, (), ComputedIn.HALF),
+        ({"matmul": ("bfloat16",), "attention": ("float32",)}, (), ComputedIn.PARTLY),
+        ({"matmul": ("float32",), "attention": ("float32",)}, (), ComputedIn.FALLBACK),
         # the observed attention dtypes count a float32 mask: the trail is preferred
-        ({"attention": ("bfloat16",)}, "bfloat16+float32", ComputedIn.HALF),
-        (None, "float32", ComputedIn.FALLBACK),
-        (None, None, None),  # no trail (--no-trace, or compiled): not known
+        ({"attention": ("bfloat16",)}, ("bfloat16", "float32"), ComputedIn.HALF),
+        (None, ("float32",), ComputedIn.FALLBACK),
+        (None, ("bfloat16", "float32"), ComputedIn.PARTLY),
+        (None, (), None),  # no trail (--no-trace, or compiled): not known
     ],
 )
 def test_a_cell_says_what_its_kernels_computed_in(
-    compute: dict[str, tuple[str, ...]] | None, attn: str | None, expected: ComputedIn | None
+    compute: dict[str, tuple[str, ...]] | None,
+    attn: tuple[str, ...],
+    expected: ComputedIn | None,
 ) -> None:
     assert computed_in(record(compute=compute, attn=attn)) is expected
 

@@ -34,8 +34,8 @@ def test_different_error_is_raises_but_does_not_reproduce(toy_registry: None) ->
 def test_correct_fix_passes_with_its_figures(toy_registry: None, dtype: str) -> None:
     record = execute.run_cell(toy_cell("cast-input", dtype))
     assert record.outcome is Outcome.PASSES
-    assert record.out_dtype == dtype
-    assert record.attn_dtype == dtype
+    assert record.out_dtypes == (dtype,)
+    assert record.attn_dtypes == (dtype,)
     assert record.numerics is not None
     assert 0 < record.numerics.rel_err <= record.numerics.tolerance
     # the reference fix's own cell: judged against rounding its data, never against itself
@@ -46,7 +46,7 @@ def test_correct_fix_passes_with_its_figures(toy_registry: None, dtype: str) -> 
 def test_fp32_control_passes_in_fp32(toy_registry: None) -> None:
     record = execute.run_cell(toy_cell("none", "float32", "fp32"))
     assert record.outcome is Outcome.PASSES
-    assert record.out_dtype == "float32"
+    assert record.out_dtypes == ("float32",)
 
 
 def test_wrong_answer_is_inaccurate(toy_registry: None) -> None:

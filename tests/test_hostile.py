@@ -19,7 +19,7 @@ from harness.cli import output
 from harness.measure.host import torch_state
 from harness.results import storage
 from harness.runner.run import missing_cells
-from harness.schema.records import CellRecord, CrashKind, NoteKind, Outcome
+from harness.schema.records import CellRecord, CrashKind, NoteKind, Outcome, SettingChange
 from tests.conftest import FIXTURES, ROOT, TOY_CASES, harness, only_run_dir
 
 HOSTILE_CASES = FIXTURES / "hostile_cases"
@@ -33,7 +33,7 @@ def notes_of(record: CellRecord, kind: NoteKind) -> str:
 def verdicts(records: list[CellRecord], case: str) -> dict[str, tuple[object, ...]]:
     """What another case's fix must not change: its outcome, dtypes and figures."""
     return {
-        r.cell.id: (r.outcome, r.reproduces, r.error_type, r.out_dtype, r.numerics, r.notes)
+        r.cell.id: (r.outcome, r.reproduces, r.error_type, r.out_dtypes, r.numerics, r.notes)
         for r in records
         if r.cell.case == case
     }
@@ -80,7 +80,7 @@ def test_global_settings_a_fix_changes_reach_no_other_cell_in_either_phase(
     assert notes_of(leaky["one-thread"], NoteKind.SETTINGS_RESTORED)  # timed, put back
     timed_threads = {r.perf.threads for r in records if r.perf}
     assert timed_threads == {r.perf.threads for r in clean if r.perf}  # one value, unchanged
-    assert leaky["none"].outcome is Outcome.PASSES and leaky["none"].out_dtype == "bfloat16"
+    assert leaky["none"].outcome is Outcome.PASSES and leaky["none"].out_dtypes == ("bfloat16",)
 
 
 def test_worker_deaths_lose_no_cell(tmp_path: Path) -> None:
@@ -112,15 +112,19 @@ def test_a_run_with_planned_cells_unrecorded_names_them_and_fails(
 
 def test_torch_settings_are_named_and_put_back() -> None:
     before = torch_state.snapshot()
-    found: list[str] = []
+    found: list[SettingChange] = []
     with torch_state.restored(found):
         torch.set_default_dtype(torch.float64)
         torch._C._set_mkldnn_enabled(False)  # torch.backends.mkldnn.enabled = False
     assert torch.get_default_dtype() == torch.float32 and torch.backends.mkldnn.enabled
     assert found == [
-        "default dtype torch.float32 -> torch.float64",
-        "backends.mkldnn.enabled True -> False",
+        SettingChange("default dtype", "torch.float32", "torch.float64"),
+        SettingChange("backends.mkldnn.enabled", "True", "False"),
     ]
+    assert torch_state.describe(torch_state.worded(found)) == (
+        "changed torch's global settings (default dtype torch.float32 -> torch.float64; "
+        "backends.mkldnn.enabled True -> False)"
+    )
     assert torch_state.snapshot() == before
     assert torch_state.restore(before) == []
 

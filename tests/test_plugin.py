@@ -240,7 +240,10 @@ def test_settings_a_test_module_changes_at_import_are_put_back_for_each_cell(
     # put back before the first cell; each cell leaves the settings as it found them
     assert len(settled) == 1 and "default dtype torch.float32 -> torch.float16" in settled[0]
     assert "float32 matmul precision highest -> medium" in settled[0]
-    assert {r.out_dtype for r in records if r.cell.mode == "half"} == {"float16", "bfloat16"}
+    assert {r.out_dtypes for r in records if r.cell.mode == "half"} == {
+        ("float16",),
+        ("bfloat16",),
+    }
 
 
 def test_check_model_trains_the_model_where_asked(pytester: pytest.Pytester) -> None:

@@ -15,7 +15,7 @@ from harness.measure.authoring import registry
 from harness.measure.authoring.case import Case, Workload
 from harness.measure.figures import cell_timing
 from harness.measure.figures.timing import ClockStopwatch
-from harness.measure.precision.flags import NO_AUTOCAST, NOT_HALF, leftover_precision
+from harness.measure.precision.flags import leftover_precision
 from harness.measure.precision.modes import Precision
 from harness.measure.precision.outputs import output_leaves
 from harness.measure.running import fix_run
@@ -23,9 +23,9 @@ from harness.measure.tracing.python_watch import PythonWatch, watch_python
 from harness.results import storage
 from harness.schema.axes import Cell
 from harness.schema.records import (
-    DRIFT,
     CellRecord,
     CrashKind,
+    FlagKind,
     Note,
     NoteKind,
     Outcome,
@@ -152,7 +152,10 @@ def run(case: str, fix: str, dtype: str, mode: str) -> CellRecord:
 def test_a_case_that_forgets_autocast_is_flagged(contract_registry: None) -> None:
     forgot = run("toy-self-managed", "none", "bfloat16", "autocast")
     assert forgot.outcome is Outcome.PASSES
-    assert [f.kind for f in forgot.flags] == [NO_AUTOCAST, DRIFT]  # its matmul ran in fp32
+    assert [f.kind for f in forgot.flags] == [
+        FlagKind.NO_AUTOCAST,
+        FlagKind.DRIFT,
+    ]  # its matmul ran in fp32
     assert outcome_label(forgot) == "passes[no-autocast,drift]"
     assert not run("toy-self-managed", "enters-autocast", "bfloat16", "autocast").flags
     warned = run("toy-self-managed", "warns", "bfloat16", "autocast")
@@ -163,7 +166,10 @@ def test_a_case_that_forgets_autocast_is_flagged(contract_registry: None) -> Non
 
 def test_a_forgotten_cast_is_flagged(contract_registry: None) -> None:
     half = run("toy-plain-attribute", "none", "bfloat16", "half")
-    assert [f.kind for f in half.flags] == [NOT_HALF, DRIFT]  # and its output is float32
+    assert [f.kind for f in half.flags] == [
+        FlagKind.NOT_HALF,
+        FlagKind.DRIFT,
+    ]  # and its output is float32
     assert "scale (float32)" in half.flags[0].detail
     assert half.flags[1].detail.startswith(
         "output is float32 (float32 enters via tensor attribute scale at aten::mul"

@@ -24,7 +24,7 @@ CRASH_CASES = FIXTURES / "crash_cases"
 def figures(records: list[CellRecord]) -> dict[str, tuple[object, ...]]:
     """What must match between runs: outcome, error type and the error figures."""
     return {
-        r.cell.id: (r.outcome, r.reproduces, r.error_type, r.out_dtype, r.numerics)
+        r.cell.id: (r.outcome, r.reproduces, r.error_type, r.out_dtypes, r.numerics)
         for r in records
     }
 

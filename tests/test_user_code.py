@@ -25,7 +25,7 @@ SANA = ("--case", "sana-softmax-float", "--dtype", "float16", "--size", "small")
 
 def outcomes(records: list[CellRecord], case: str) -> dict[str, tuple[object, ...]]:
     return {
-        r.cell.id: (r.outcome, r.reproduces, r.out_dtype, r.numerics and r.numerics.rel_err)
+        r.cell.id: (r.outcome, r.reproduces, r.out_dtypes, r.numerics and r.numerics.rel_err)
         for r in records
         if r.cell.case == case
     }

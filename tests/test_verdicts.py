@@ -22,11 +22,11 @@ from harness.measure.authoring.model_case import Matrix, model_case
 from harness.measure.judge import judging
 from harness.measure.judge.numerics import ROUNDING_FACTOR, rounding_ratio
 from harness.measure.judge.rounding import noise_source, round_to
-from harness.measure.precision.flags import ISLAND_NOTE, UNDONE_UPCAST
+from harness.measure.precision.flags import ISLAND_NOTE
 from harness.measure.running import fix_run
 from harness.runner.matrix import expand
 from harness.schema.axes import Cell
-from harness.schema.records import DRIFT, CellRecord, NoteKind, Outcome, outcome_label
+from harness.schema.records import CellRecord, FlagKind, NoteKind, Outcome, outcome_label
 from zoo.silent_bugs import PAIRS
 
 HERE = Path(__file__).name
@@ -147,13 +147,13 @@ def test_an_upcast_that_autocast_undoes_is_flagged_with_the_line_of_the_cast(
 ) -> None:
     matrix = Matrix(dtypes=("bfloat16",), modes=("autocast", "half"))
     records = {r.cell.mode: r for r in run_model("qkv-float", qkv_float, matrix)}
-    undone = [f for f in records["autocast"].flags if f.kind == UNDONE_UPCAST]
+    undone = [f for f in records["autocast"].flags if f.kind is FlagKind.UNDONE_UPCAST]
     assert len(undone) == 1, records["autocast"].flags
     assert f"{line_of('# intended upcast')} was cast back" in undone[0].detail
     assert "cast back to bfloat16 by autocast" in undone[0].detail
     # without autocast the upcast holds: attention really runs in float32, a drift
     half = records["half"]
-    assert [f.kind for f in half.flags] == [DRIFT]
+    assert [f.kind for f in half.flags] == [FlagKind.DRIFT]
     assert half.flags[0].share is not None and half.flags[0].share > 0.1
 
 
@@ -175,7 +175,7 @@ def test_an_upcast_is_flagged_undone_iff_attention_gets_the_autocast_dtype(
     assert record.trail is not None
     computed = {d for dtypes in record.trail.compute_dtypes.values() for d in dtypes}
     assert str(kernel_dtype).removeprefix("torch.") in computed
-    undone = [f for f in record.flags if f.kind == UNDONE_UPCAST]
+    undone = [f for f in record.flags if f.kind is FlagKind.UNDONE_UPCAST]
     assert bool(undone) == (kernel_dtype.itemsize < torch.float32.itemsize), record.flags
     if undone:
         assert f"{line_of('# intended upcast')} was cast back to bfloat16" in undone[0].detail
@@ -237,7 +237,7 @@ def test_a_drift_flag_carries_the_share_of_flops_computed_wider(clean_registry: 
     (record,) = [r for r in run_model("wide-head", lambda: (WideHead(), torch.randn(4, 32)),
                                       matrix) if r.cell.mode == "half"]  # fmt: skip
     (flag,) = record.flags
-    assert flag.kind == DRIFT and flag.share == pytest.approx(0.5)
+    assert flag.kind is FlagKind.DRIFT and flag.share == pytest.approx(0.5)
     assert "(50.0% of the matmul and attention FLOPs)" in flag.detail
 
 

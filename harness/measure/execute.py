@@ -19,11 +19,11 @@ import torch
 from harness.measure.authoring import registry
 from harness.measure.host import torch_state
 from harness.measure.judge.judging import classify
-from harness.measure.running.crashes import backend_note, changed_note, crashed
+from harness.measure.running.crashes import backend_note, crashed, with_changes
 from harness.measure.running.errors import ReferenceFailed, WorkloadFailed
 from harness.measure.running.fix_run import context_for, run_fix_checked
 from harness.schema.axes import Cell
-from harness.schema.records import CellRecord, CrashKind, Outcome
+from harness.schema.records import CellRecord, CrashKind, Outcome, SettingChange
 
 #: The outcomes of cells that ran, which the timing phase then times.
 TIMED_OUTCOMES = (Outcome.PASSES, Outcome.INACCURATE)
@@ -41,11 +41,11 @@ def run_cell(cell: Cell, worker: str | None = None, trace: bool = True) -> CellR
         worker=worker,
     ).noted(backend_note(cell))
     ctx = context_for(case, cell)
-    changed: list[str] = []
+    changed: list[SettingChange] = []
     try:
         with torch_state.restored(changed):
             run = run_fix_checked(case, cell.fix, ctx, trace, cell.compile)
-        record = replace(record, attn_dtype=ctx.observation.summary())
+        record = replace(record, attn_dtypes=ctx.observation.summary())
         record = classify(case, cell, run, record)
     except ReferenceFailed as failure:
         record = crashed(record, CrashKind.REFERENCE_FAILED, failure.error, case)
@@ -53,9 +53,8 @@ def run_cell(cell: Cell, worker: str | None = None, trace: bool = True) -> CellR
         record = crashed(record, CrashKind.WORKLOAD_FAILED, failure.error, case)
     except Exception as error:  # the harness itself failed on this cell
         record = crashed(record, CrashKind.HARNESS, error, case)
-    return replace(record, duration_s=round(time.perf_counter() - started, 6)).noted(
-        changed_note(changed)
-    )
+    duration_s = round(time.perf_counter() - started, 6)
+    return with_changes(replace(record, duration_s=duration_s), changed)
 
 
 def skipped_record(cell: Cell, reason: str) -> CellRecord:

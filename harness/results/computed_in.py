@@ -4,7 +4,7 @@ Mixed precision exists to run the matmuls and attention in half precision. A fix
 passes by running them in float32 is a fallback: correct, but it gives up what the
 precision mode was for. What a cell's kernels computed in is in its record: the dtype
 trail's ``compute_dtypes`` (the matmul and attention kernels' input dtypes) and the
-attention core's observed dtypes (``attn_dtype``). No torch here: reports read this.
+attention core's observed dtypes (``attn_dtypes``). No torch here: reports read this.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def kernel_dtypes(record: CellRecord) -> set[str]:
     too, so they are the second choice)."""
     if record.trail and record.trail.compute_dtypes:
         return {d for dtypes in record.trail.compute_dtypes.values() for d in dtypes}
-    return set(record.attn_dtype.split("+")) if record.attn_dtype else set()
+    return set(record.attn_dtypes)
 
 
 def computed_in(record: CellRecord) -> ComputedIn | None:

@@ -215,9 +215,10 @@ class RecordNotWritten(ResultsError):
 
 
 def append_record(run_dir: Path, record: CellRecord) -> None:
-    """Append one record as one line: whole, or (when the disk is full) not at all."""
+    """Append one record as one line of strict JSON (a non-finite number is a string, see
+    ``CellRecord.to_dict``): whole, or (when the disk is full) not at all."""
     path = run_dir / CELLS_FILE
-    line = (json.dumps(record.to_dict(), sort_keys=True) + "\n").encode()
+    line = (json.dumps(record.to_dict(), sort_keys=True, allow_nan=False) + "\n").encode()
     try:
         append_whole(path, line)
     except OSError as error:

@@ -13,18 +13,35 @@ import dataclasses
 from dataclasses import dataclass
 from enum import Enum
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any
 
 from harness.schema.axes import Cell
+from harness.schema.perf_records import LAUNCH_BOUND as LAUNCH_BOUND
+from harness.schema.perf_records import FitFigures as FitFigures
+from harness.schema.perf_records import Perf as Perf
+from harness.schema.perf_records import launch_bound as launch_bound
 from harness.schema.trail_records import Trail
-from harness.schema.typed import as_mapping, as_tuple, built, check_fields, mismatch
+from harness.schema.typed import (
+    as_mapping,
+    as_tuple,
+    built,
+    check_fields,
+    finite_json,
+    made,
+    member,
+    with_numbers,
+)
 
 #: Bumped whenever a record's fields change meaning; readers refuse newer versions.
 #: 3: numerics name their yardsticks (``rounding_rel_err``, ``decided_by``, ``factor``;
 #: ``baseline_rel_err`` is a different fix's error only) and flags carry a ``share``.
 #: 4: a record's notes are a list of ``{"kind", "text"}`` (``notes``), not one text joined
 #: with ``"; "`` (``note``).
-SCHEMA_VERSION = 4
+#: 5: flags' kinds are :class:`FlagKind`; ``out_dtypes`` and ``attn_dtypes`` are lists, not
+#: texts joined with ``"+"``; ``settings_changes`` are typed; a non-finite number is the
+#: string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``, so each line is strict JSON.
+#: Older records are read through ``harness.schema.migrations``.
+SCHEMA_VERSION = 5
 
 
 class Outcome(str, Enum):
@@ -97,8 +114,24 @@ class Note:
     text: str
 
 
+class FlagKind(str, Enum):
+    """What a cell's precision mode promised and the cell did not do (see
+    :mod:`harness.measure.precision.flags`). Rendered by its ``value``."""
+
+    #: The cell ran, but kernels computed wider than its dtype.
+    DRIFT = "drift"
+    #: The mode enters ``torch.autocast``, but no torch op ran with it on.
+    NO_AUTOCAST = "no-autocast"
+    #: After the fix, a half cell's model holds floating tensors in another dtype, not
+    #: declared in ``keep_fp32``.
+    NOT_HALF = "not-half"
+    #: The cell's code cast a tensor up on purpose, and autocast cast it back down before a
+    #: matmul or attention kernel: the upcast did nothing.
+    UNDONE_UPCAST = "undone-upcast"
+
+
 #: The flag of a cell that ran but left its mode's promise (see :mod:`harness.measure.precision`).
-DRIFT = "drift"
+DRIFT = FlagKind.DRIFT
 
 
 @dataclass(frozen=True)
@@ -106,14 +139,38 @@ class Flag:
     """Something a cell's precision mode promised and the cell did not do. A flagged cell is
     never a plain ``passes``: its label carries the flag's kind."""
 
-    kind: str
+    kind: FlagKind
     detail: str
     #: How much of the cell's work it touched: for ``drift``, the share of the matmul and
     #: attention FLOPs computed wider (None where unknown or not a matter of FLOPs).
     share: float | None = None
 
     def describe(self) -> str:
-        return f"{self.kind}: {self.detail}"
+        return f"{self.kind.value}: {self.detail}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "detail": self.detail, "share": self.share}
+
+    @classmethod
+    def from_dict(cls, data: Any, name: str) -> Flag:
+        """A flag from its JSON object (``TypeError`` or ``ValueError`` naming ``name``)."""
+        fields = with_numbers(cls, as_mapping(data, name))
+        flag = made(cls, fields, name)
+        return dataclasses.replace(flag, kind=member(FlagKind, flag.kind, f"{name}.kind"))
+
+
+@dataclass(frozen=True)
+class SettingChange:
+    """One of torch's global settings that code changed: its name (``default dtype``) and its
+    value before and after, as torch prints them (``torch.float32``, ``torch.bfloat16``)."""
+
+    name: str
+    before: str
+    after: str
+
+    def describe(self) -> str:
+        """``default dtype torch.float32 -> torch.bfloat16``."""
+        return f"{self.name} {self.before} -> {self.after}"
 
 
 @dataclass(frozen=True)
@@ -139,104 +196,6 @@ class Numerics:
     factor: float | None = None
 
 
-#: A cell whose timed median exceeds its device time by more than this factor is
-#: launch-bound.
-LAUNCH_BOUND = 2.0
-
-
-def launch_bound(timed_s: float, device_s: float) -> bool:
-    return timed_s > LAUNCH_BOUND * device_s
-
-
-@dataclass(frozen=True)
-class Perf:
-    """Speed, throughput and memory of a cell that ran (see ``harness.measure.figures.perf``)."""
-
-    time_samples: list[float]
-    time_block: int
-    time_median_s: float
-    time_iqr_s: float
-    time_min_s: float
-    time_count: int
-    time_noisy: bool
-    timer: str
-    threads: int
-    flops: int | None
-    gflops: float | None
-    peak_gflops: float | None
-    peak_fraction: float | None
-    peak_mem_bytes: int
-    mem_method: str
-    timing_worker: str | None = None
-    #: When this machine's peak GEMM figure was measured (it is cached and reused).
-    peak_measured_at: str | None = None
-    #: On CUDA, per call, the time the device was busy with the call's kernels (from the
-    #: profiler, over ``device_time_calls`` calls): the time without the host's launches.
-    device_time_s: float | None = None
-    device_time_calls: int | None = None
-
-    @property
-    def launch_bound(self) -> bool:
-        """The timed figure is more than LAUNCH_BOUND times the device's: the host's Python
-        and kernel launches set it, not the kernels."""
-        device = self.device_time_s
-        return device is not None and launch_bound(self.time_median_s, device)
-
-    @property
-    def speed_s(self) -> float:
-        """The figure speed is judged by: the device time where the cell is launch-bound
-        (comparing wall times there compares the fixes' Python), else the timed median."""
-        if self.launch_bound and self.device_time_s is not None:
-            return self.device_time_s
-        return self.time_median_s
-
-    @property
-    def speed_clock(self) -> str:
-        return "device time (launch-bound)" if self.launch_bound else "wall time"
-
-
-@dataclass(frozen=True)
-class FitFigures:
-    """What a cell of the ``fit`` stage did over its steps (see
-    ``harness.measure.running.fitting``): its loss before each step and after the last, the float64
-    fit's, the steps a GradScaler skipped and the scale it ended at, the share of the updates the
-    optimizer computed that the stored weights did not receive, and the share of the float64 fit's
-    progress (its first loss minus its last) the cell's last loss fell short of (None where that
-    progress is too small to judge by)."""
-
-    losses: tuple[float, ...]
-    reference_losses: tuple[float, ...]
-    skipped_steps: int
-    final_scale: float | None
-    lost_share: float
-    shortfall: float | None
-
-    @property
-    def steps(self) -> int:
-        return len(self.losses) - 1
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            **dataclasses.asdict(self),
-            "losses": list(self.losses),
-            "reference_losses": list(self.reference_losses),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Any) -> FitFigures:
-        figures = made(cls, data, "fit")
-        return dataclasses.replace(
-            figures,
-            losses=floats(figures.losses, "fit.losses"),
-            reference_losses=floats(figures.reference_losses, "fit.reference_losses"),
-        )
-
-
-def floats(values: Any, name: str) -> tuple[float, ...]:
-    """A list of numbers (``null`` for a loss that was not finite: JSON has no NaN)."""
-    return tuple(float("nan") if v is None else float(v) for v in as_tuple(values, name))
-
-
 #: Sub-records flattened into the record's JSON object, and the field that says one is there.
 NESTED = {"numerics": (Numerics, "tolerance"), "perf": (Perf, "time_median_s")}
 #: Fields of a record built from more than their own JSON value.
@@ -251,6 +210,9 @@ TYPED_FIELDS = (
     "crash_kind",
     "trail",
     "fit",
+    "out_dtypes",
+    "attn_dtypes",
+    "settings_changes",
     *NESTED,
 )
 
@@ -292,8 +254,10 @@ class CellRecord:
     error_frames: tuple[str, ...] = ()
     crash_kind: CrashKind | None = None
     flags: tuple[Flag, ...] = ()
-    out_dtype: str | None = None
-    attn_dtype: str | None = None
+    #: The dtypes of the output's tensors, in order first seen (none where it has none).
+    out_dtypes: tuple[str, ...] = ()
+    #: The dtypes the attention core's kernels received, in order first seen.
+    attn_dtypes: tuple[str, ...] = ()
     numerics: Numerics | None = None
     skip_reason: str | None = None
     #: The plain low-precision baseline failed: the tolerance fell back to the dtype's eps.
@@ -316,6 +280,8 @@ class CellRecord:
     trail: Trail | None = None
     #: A cell of the ``fit`` stage: its loss curve and what its optimizer did.
     fit: FitFigures | None = None
+    #: torch's global settings the cell's own code changed (and the harness put back).
+    settings_changes: tuple[SettingChange, ...] = ()
 
     @property
     def notes_text(self) -> str | None:
@@ -328,6 +294,8 @@ class CellRecord:
         return dataclasses.replace(self, notes=self.notes + added) if added else self
 
     def to_dict(self) -> dict[str, Any]:
+        """The record's JSON object: strict JSON (a non-finite number is a string), so
+        ``json.dumps(..., allow_nan=False)`` writes it."""
         data: dict[str, Any] = {"schema_version": SCHEMA_VERSION, **self.cell.to_dict()}
         for f in dataclasses.fields(self):
             if f.name == "cell":
@@ -338,8 +306,10 @@ class CellRecord:
                 nested = dataclasses.asdict(value) if value else {}
                 data.update({g.name: nested.get(g.name) for g in dataclasses.fields(kind)})
             elif f.name == "flags":
-                data[f.name] = [dataclasses.asdict(flag) for flag in value]
-            elif f.name in ("error_frames", "warnings"):
+                data[f.name] = [flag.to_dict() for flag in value]
+            elif f.name == "settings_changes":
+                data[f.name] = [dataclasses.asdict(change) for change in value]
+            elif f.name in ("error_frames", "warnings", "out_dtypes", "attn_dtypes"):
                 data[f.name] = list(value)
             elif f.name == "notes":
                 data[f.name] = [{"kind": n.kind.value, "text": n.text} for n in value]
@@ -353,7 +323,7 @@ class CellRecord:
                 data[f.name] = value.to_dict() if value else None
             else:
                 data[f.name] = value.value if isinstance(value, Enum) else value
-        return data
+        return finite_json(data)
 
     @classmethod
     def from_dict(cls, data: Any) -> CellRecord:
@@ -379,31 +349,41 @@ class CellRecord:
                 f"schema_version {version!r} is not supported (this ampmatrix reads up to "
                 f"{SCHEMA_VERSION}); upgrade ampmatrix to read it"
             )
-        if version < 2:
-            data = migrate_v1(data)
-        if version < 4:
-            data = migrate_v3(data)
+        if version < SCHEMA_VERSION:
+            from harness.schema.migrations import migrated  # it reads this module's enums
+
+            data = migrated(data, version)
         nested: dict[str, Any] = {
-            name: built(kind, taken(field_names(kind), data))
+            name: built(kind, with_numbers(kind, taken(field_names(kind), data)))
             if data.get(marker) is not None
             else None
             for name, (kind, marker) in NESTED.items()
         }
-        plain = taken(plain_field_names(), data)
+        plain = with_numbers(cls, taken(plain_field_names(), data))
         crash_kind = data.get("crash_kind")
         leaves = data.get("leaves")
         typed: dict[str, Any] = dict(
             cell=Cell.from_dict(data),
             outcome=member(Outcome, data["outcome"], "outcome"),
             flags=tuple(
-                made(Flag, f, f"flags[{i}]")
+                Flag.from_dict(f, f"flags[{i}]")
                 for i, f in enumerate(as_tuple(data.get("flags"), "flags"))
             ),
             error_frames=as_tuple(data.get("error_frames"), "error_frames"),
             warnings=as_tuple(data.get("warnings"), "warnings"),
+            out_dtypes=as_tuple(data.get("out_dtypes"), "out_dtypes"),
+            attn_dtypes=as_tuple(data.get("attn_dtypes"), "attn_dtypes"),
+            settings_changes=tuple(
+                made(SettingChange, c, f"settings_changes[{i}]")
+                for i, c in enumerate(as_tuple(data.get("settings_changes"), "settings_changes"))
+            ),
             notes=tuple(note_from(n) for n in as_tuple(data.get("notes"), "notes")),
             leaves={
-                k: made(Numerics, v, f"leaves[{k!r}]")
+                k: made(
+                    Numerics,
+                    with_numbers(Numerics, as_mapping(v, f"leaves[{k!r}]")),
+                    f"leaves[{k!r}]",
+                )
                 for k, v in as_mapping(leaves, "leaves").items()
             }
             if leaves
@@ -415,66 +395,6 @@ class CellRecord:
         record = built(cls, typed | nested | plain)
         check_fields(record)
         return record
-
-
-E = TypeVar("E", bound=Enum)
-D = TypeVar("D")
-
-
-def member(kind: type[E], value: Any, name: str) -> E:
-    """The member of the enum ``kind`` whose value is ``value``; a ``ValueError`` naming
-    the field and the values it may take."""
-    try:
-        return kind(value)
-    except (TypeError, ValueError, RecursionError):  # the enum's message holds its repr
-        allowed = "one of " + ", ".join(str(m.value) for m in kind)
-        raise ValueError(mismatch(name, allowed, value)) from None
-
-
-def made(kind: type[D], value: Any, name: str) -> D:
-    """The dataclass ``kind`` from a JSON object of its fields; a ``TypeError`` naming the
-    field for anything else (a field missing or unknown)."""
-    try:
-        return kind(**as_mapping(value, name))
-    except TypeError as error:
-        if str(error).startswith(name):
-            raise
-        raise TypeError(f"{name}: {error}") from None
-
-
-V1_TIMING_FAILED = "timing failed: "
-V1_CRASH_KINDS = {
-    "ProcessDied": CrashKind.PROCESS_DIED,
-    "WorkerCrashed": CrashKind.WORKER_DIED,
-    "HarnessError": CrashKind.HARNESS,
-}
-
-
-def migrate_v1(data: dict[str, Any]) -> dict[str, Any]:
-    """Schema 1 stored a timing failure in ``note`` and a crash's kind in ``error_type``."""
-    data = dict(data)
-    if not isinstance(data.get("note") or "", str):
-        raise TypeError(mismatch("note", str | None, data["note"]))
-    notes = [n for n in (data.get("note") or "").split("; ") if n]
-    failed = [n for n in notes if n.startswith(V1_TIMING_FAILED)]
-    if failed:
-        data["timing_error"] = failed[0].removeprefix(V1_TIMING_FAILED)
-        data["note"] = "; ".join(n for n in notes if n not in failed) or None
-    if data.get("outcome") == Outcome.CRASHED.value:
-        kind = V1_CRASH_KINDS.get(str(data.get("error_type")))
-        data["crash_kind"] = kind.value if kind else None
-    return data
-
-
-def migrate_v3(data: dict[str, Any]) -> dict[str, Any]:
-    """Schema 3 and older stored a record's notes as one text joined with ``"; "``: it
-    becomes one note of kind ``joined``, word for word."""
-    data = dict(data)
-    note = data.pop("note", None)
-    if not isinstance(note or "", str):
-        raise TypeError(mismatch("note", str | None, note))
-    data["notes"] = [{"kind": NoteKind.JOINED.value, "text": note}] if note else []
-    return data
 
 
 def note_from(data: Any) -> Note:
@@ -522,5 +442,5 @@ def base_label(record: CellRecord) -> str:
 def outcome_label(record: CellRecord) -> str:
     """The label every view prints: flags follow in brackets (``passes[no-autocast]``), so a
     flagged cell never reads as a plain ``passes``."""
-    flags = ",".join(dict.fromkeys(flag.kind for flag in record.flags))
+    flags = ",".join(dict.fromkeys(flag.kind.value for flag in record.flags))
     return f"{base_label(record)}[{flags}]" if flags else base_label(record)

@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.schema.typed import as_mapping, as_tuple, mismatch
+from harness.schema.typed import as_mapping, as_tuple, mismatch, number_from
 
 
 @dataclass(frozen=True)
@@ -206,8 +206,10 @@ def island_from(data: dict[str, Any]) -> Island:
 
 
 def share_from(share: Any) -> float | None:
-    """An island's share of the FLOPs: a number or null (``TypeError`` or ``ValueError``
-    naming it for anything else, an integer too large for a float included)."""
+    """An island's share of the FLOPs: a number (a non-finite one as its string) or null
+    (``TypeError`` or ``ValueError`` naming it for anything else, an integer too large for a
+    float included)."""
+    share = number_from(share)
     if share is None:
         return None
     if not isinstance(share, int | float) or isinstance(share, bool):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import operator
 import reprlib
 import types
@@ -232,6 +233,31 @@ def _scalar_check(hint: Any, alternatives: tuple[Any, ...] | None = None) -> Che
     return check
 
 
+E = typing.TypeVar("E", bound=enum.Enum)
+D = typing.TypeVar("D")
+
+
+def member(kind: type[E], value: Any, name: str) -> E:
+    """The member of the enum ``kind`` whose value is ``value``; a ``ValueError`` naming
+    the field and the values it may take."""
+    try:
+        return kind(value)
+    except (TypeError, ValueError, RecursionError):  # the enum's message holds its repr
+        allowed = "one of " + ", ".join(str(m.value) for m in kind)
+        raise ValueError(mismatch(name, allowed, value)) from None
+
+
+def made(kind: type[D], value: Any, name: str) -> D:
+    """The dataclass ``kind`` from a JSON object of its fields; a ``TypeError`` naming the
+    field for anything else (a field missing or unknown)."""
+    try:
+        return kind(**as_mapping(value, name))
+    except TypeError as error:
+        if str(error).startswith(name):
+            raise
+        raise TypeError(f"{name}: {error}") from None
+
+
 def as_tuple(value: Any, name: str) -> tuple[Any, ...]:
     """A JSON list (or null, for none) as a tuple; anything else is a ``TypeError``."""
     if value is None:
@@ -286,6 +312,59 @@ def deeper_than(value: Any, depth: int) -> bool:
             children = item.values() if isinstance(item, dict) else item
             stack.extend((child, level + 1) for child in children)
     return False
+
+
+#: A non-finite float as strict JSON holds it (protobuf's canonical JSON mapping): a string.
+NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def finite_json(value: Any) -> Any:
+    """``value`` (a JSON value) with each non-finite float written as ``"NaN"``,
+    ``"Infinity"`` or ``"-Infinity"``, so ``json.dumps(..., allow_nan=False)`` writes it."""
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {key: finite_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_json(item) for item in value]
+    return value
+
+
+def number_from(value: Any) -> Any:
+    """A number read back: ``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` as floats, any other
+    value as it is (its type is checked where it is used)."""
+    if type(value) is str and value in NON_FINITE:
+        return NON_FINITE[value]
+    return value
+
+
+@cache
+def number_fields(kind: type) -> tuple[tuple[str, bool], ...]:
+    """The fields of the dataclass ``kind`` that hold a float, each with whether it holds a
+    list of them (``time_samples``) rather than one."""
+    found = []
+    for name, hint in typing.get_type_hints(kind).items():
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+        if hint is float or (origin in (typing.Union, types.UnionType) and float in args):
+            found.append((name, False))
+        elif origin in (list, tuple) and args and args[0] is float:
+            found.append((name, True))
+    return tuple(found)
+
+
+def with_numbers(kind: type, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` (the JSON fields of the dataclass ``kind``) with the non-finite numbers
+    of its float fields read back as floats: a new dict where one was, else ``values``."""
+    changed: dict[str, Any] = {}
+    for name, many in number_fields(kind):
+        value = values.get(name)
+        if many and isinstance(value, list) and str in set(map(type, value)):
+            changed[name] = [number_from(item) for item in value]
+        elif type(value) is str and value in NON_FINITE:
+            changed[name] = NON_FINITE[value]
+    return values | changed if changed else values
 
 
 def describe(hint: Any) -> str:

@@ -18,6 +18,7 @@ from harness.measure.authoring import import_probe
 from harness.measure.authoring.case import Case, FailureSignature, Size
 from harness.measure.host import torch_state
 from harness.schema.axes import AXES, CONTROL_FIX, FORWARD_STAGE, SIZES, SMALL_SIZE, Axis
+from harness.schema.records import SettingChange
 
 RELEASE = re.compile(r"^\d+\.\d+(\.\d+)?$")
 CASE_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
@@ -212,11 +213,11 @@ def import_confined(path: str, load: Callable[[], T]) -> T:
     back as they were before it: a module that sets the default dtype or the matmul precision
     as it is imported (a training script's often does) changes no cell's baseline. What it
     changed is remembered for the run to report (``import_changes``)."""
-    changed: list[str] = []
+    changed: list[SettingChange] = []
     with torch_state.restored(changed):
         loaded = load()
     if changed:
-        _IMPORT_CHANGES[path] = tuple(changed)
+        _IMPORT_CHANGES[path] = tuple(torch_state.worded(changed))
     return loaded
 
 

@@ -31,7 +31,7 @@ from harness.measure.running.fix_run import (
 from harness.schema.axes import Cell
 from harness.schema.config import TimingConfig
 from harness.schema.devices import CUDA
-from harness.schema.records import CellRecord, Note, NoteKind
+from harness.schema.records import CellRecord, Note, NoteKind, SettingChange
 
 NOT_RERUNNABLE = "output changed between repeated calls: the timed work is not the checked work"
 RESTORED_NOTE = "timed with torch's settings put back after each call"
@@ -91,7 +91,7 @@ def checked_call(
     quicker than a block is timed once more, warm, to size the blocks); or its record with
     why it cannot be timed. A call that changes torch's global settings has them put back
     after every call, so the fixes timed beside it run as they would alone."""
-    changed: list[str] = []
+    changed: list[SettingChange] = []
     try:
         with torch_state.restored(changed):
             call, device = prepare_call(record.cell)
@@ -116,11 +116,11 @@ def rerun_note(timed: TimedCall) -> Note | None:
     return Note(NoteKind.NOT_RERUNNABLE, NOT_RERUNNABLE)
 
 
-def restored_note(changed: list[str], notes: tuple[Note, ...]) -> Note | None:
+def restored_note(changed: list[SettingChange], notes: tuple[Note, ...]) -> Note | None:
     if not changed:
         return None
     known = changed_note(changed) in notes  # the correctness run's note already names them
-    detail = "" if known else f": the fix {torch_state.describe(changed)}"
+    detail = "" if known else f": the fix {torch_state.describe(torch_state.worded(changed))}"
     return Note(NoteKind.SETTINGS_RESTORED, RESTORED_NOTE + detail)
 
 

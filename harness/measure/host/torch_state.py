@@ -14,7 +14,7 @@ lacks is simply not part of its snapshot.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -22,9 +22,11 @@ from typing import Any
 import torch
 
 from harness.measure.host import caches
-from harness.schema.records import Note, NoteKind
+from harness.schema.records import Note, NoteKind, SettingChange
 
 AUTOCAST_DEVICES = ("cpu", "cuda")
+#: The thread count: each worker sets it on purpose, so a worker's change of it is not news.
+THREADS = "threads"
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ def known_settings() -> list[Setting]:
     settings += [
         Setting("default dtype", torch.get_default_dtype, torch.set_default_dtype),
         Setting("grad enabled", torch.is_grad_enabled, torch._C._set_grad_enabled),
-        Setting("threads", torch.get_num_threads, torch.set_num_threads),
+        Setting(THREADS, torch.get_num_threads, torch.set_num_threads),
         Setting(
             "float32 matmul precision",
             torch.get_float32_matmul_precision,
@@ -148,16 +150,17 @@ def snapshot() -> State:
     return {s.name: s.get() for s in settings()}
 
 
-def changes(before: State, after: State) -> list[str]:
-    """What differs, in words: ``default dtype torch.float32 -> torch.bfloat16``."""
+def changes(before: State, after: State) -> list[SettingChange]:
+    """What differs: each setting's name and its value before and after, as torch prints
+    them (``default dtype``, ``torch.float32``, ``torch.bfloat16``)."""
     return [
-        f"{name} {before[name]} -> {after.get(name)}"
+        SettingChange(name, str(before[name]), str(after.get(name)))
         for name in before
         if after.get(name) != before[name]
     ]
 
 
-def restore(state: State) -> list[str]:
+def restore(state: State) -> list[SettingChange]:
     """Put every setting back to ``state``; returns what had changed."""
     now = snapshot()
     changed = changes(state, now)
@@ -168,7 +171,7 @@ def restore(state: State) -> list[str]:
 
 
 @contextmanager
-def restored(found: list[str]) -> Iterator[None]:
+def restored(found: list[SettingChange]) -> Iterator[None]:
     """Run a block and put torch's global settings back afterwards; what the block had
     changed is appended to ``found``."""
     state = snapshot()
@@ -178,7 +181,14 @@ def restored(found: list[str]) -> Iterator[None]:
         found.extend(restore(state))
 
 
-def describe(changed: list[str]) -> str:
+def worded(changed: Sequence[SettingChange]) -> list[str]:
+    """Each change in words: ``default dtype torch.float32 -> torch.bfloat16``."""
+    return [change.describe() for change in changed]
+
+
+def describe(changed: Sequence[str]) -> str:
+    """Changes in words (``worded``) as one clause: ``changed torch's global settings
+    (default dtype torch.float32 -> torch.bfloat16; ...)``."""
     return "changed torch's global settings (" + "; ".join(changed) + ")"
 
 
@@ -187,7 +197,8 @@ def settled_note(state: State, whose: str) -> Note | None:
     changed them) and say so: ``the worker's changed torch's global settings (...) before
     this cell: put back``; None where nothing but the thread count (set on purpose) had
     changed."""
-    changed = [c for c in restore(state) if not c.startswith("threads ")]
+    changed = [change for change in restore(state) if change.name != THREADS]
     if not changed:
         return None
-    return Note(NoteKind.WORKER_SETTLED, f"{whose} {describe(changed)} before this cell: put back")
+    text = f"{whose} {describe(worded(changed))} before this cell: put back"
+    return Note(NoteKind.WORKER_SETTLED, text)

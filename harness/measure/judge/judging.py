@@ -148,10 +148,10 @@ def judged(
     piece = workpiece(cell)
     reference, kinks_note = reference_for(piece, cell, relu_inputs)
     record = record.noted(kinks_note)
-    out_dtype = joined_dtypes(leaves)
+    out_dtypes = leaf_dtypes(leaves)
     problem = structure_problem(leaves, reference)
     if problem:
-        return misshapen(case, cell, leaves, reference, replace(record, out_dtype=out_dtype))
+        return misshapen(case, cell, leaves, reference, replace(record, out_dtypes=out_dtypes))
     sticks = yardsticks(case, cell, piece, record.trail)
     per_leaf = judge_leaves(
         leaves,
@@ -166,7 +166,7 @@ def judged(
     return replace(
         record,
         outcome=Outcome.PASSES if passed else Outcome.INACCURATE,
-        out_dtype=out_dtype,
+        out_dtypes=out_dtypes,
         numerics=worst if len(per_leaf) > 1 else replace(worst, leaf=None),
         leaves=per_leaf if len(per_leaf) > 1 else None,
         baseline_error=sticks.error,
@@ -272,23 +272,24 @@ def judged_fit(cell: Cell, run: FitRun, record: CellRecord) -> CellRecord:
     return replace(
         record,
         outcome=Outcome.INACCURATE if stalled else Outcome.PASSES,
-        out_dtype=forward_dtypes(run.forward_output),
+        out_dtypes=forward_dtypes(run.forward_output),
         numerics=shortfall_numerics(figures),
         fit=figures,
     ).noted(run.note, Note(NoteKind.FIT, stalled) if stalled else None)
 
 
-def forward_dtypes(output: object) -> str | None:
-    """The dtypes of a forward output's leaves (``float16+float32``), None where it has none."""
+def forward_dtypes(output: object) -> tuple[str, ...]:
+    """The dtypes of a forward output's leaves (``("float16", "float32")``), none where it
+    has none."""
     try:
-        return joined_dtypes(output_leaves(output)) or None
+        return leaf_dtypes(output_leaves(output))
     except TypeError:
-        return None
+        return ()
 
 
-def joined_dtypes(leaves: Leaves) -> str:
-    """The distinct dtypes of ``leaves`` in order, joined: ``float16+float32``."""
-    return "+".join(dict.fromkeys(dtype_name(t.dtype) for t in leaves.values()))
+def leaf_dtypes(leaves: Leaves) -> tuple[str, ...]:
+    """The distinct dtypes of ``leaves`` in order first seen: ``("float16", "float32")``."""
+    return tuple(dict.fromkeys(dtype_name(t.dtype) for t in leaves.values()))
 
 
 def worst_leaf(per_leaf: dict[str, Numerics]) -> Numerics:

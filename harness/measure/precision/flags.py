@@ -22,13 +22,8 @@ from harness.measure.precision.dtypes import dtype_name
 from harness.measure.precision.modes import Precision
 from harness.measure.precision.outputs import output_leaves_or_none
 from harness.schema.axes import CONTROL_MODE, MODES
-from harness.schema.records import DRIFT, Flag, Note, NoteKind
+from harness.schema.records import Flag, FlagKind, Note, NoteKind
 from harness.schema.trail_records import Drift, Trail
-
-NO_AUTOCAST = "no-autocast"
-
-
-NOT_HALF = "not-half"
 
 
 def plain_tensor_attributes(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -98,7 +93,9 @@ def not_half_flag(
     if not wrong:
         return None
     shown = ", ".join(wrong[:3]) + (f" and {len(wrong) - 3} more" if len(wrong) > 3 else "")
-    return Flag(NOT_HALF, f"after the fix the model holds {shown}, not declared in keep_fp32")
+    return Flag(
+        FlagKind.NOT_HALF, f"after the fix the model holds {shown}, not declared in keep_fp32"
+    )
 
 
 def no_autocast_flag(seen: bool, precision: Precision) -> Flag | None:
@@ -106,16 +103,15 @@ def no_autocast_flag(seen: bool, precision: Precision) -> Flag | None:
     the profile hook's finding, see :mod:`harness.measure.trail`)."""
     if seen or precision.is_reference or not MODES[precision.mode].autocast:
         return None
-    return Flag(NO_AUTOCAST, "the mode enters torch.autocast, but no torch op ran with it on")
+    return Flag(
+        FlagKind.NO_AUTOCAST, "the mode enters torch.autocast, but no torch op ran with it on"
+    )
 
 
 #: A float32 island within this share of a cell's matmul and attention FLOPs, whose values
 #: come back in the cell's dtype, is noted, not flagged (a RoPE frequency product in
 #: float32: well under 0.1% of a Llama's FLOPs; see the README's calibration table).
 ISLAND_SHARE = 0.01
-
-
-UNDONE_UPCAST = "undone-upcast"
 
 
 def drift_flag(
@@ -143,7 +139,9 @@ def drift_flag(
         return None, None
     started = trail.promotion.describe() if trail and trail.promotion else None
     share = drift.share if drift.kinds else None
-    return Flag(DRIFT, "; ".join(problems) + (f" ({started})" if started else ""), share), None
+    return Flag(
+        FlagKind.DRIFT, "; ".join(problems) + (f" ({started})" if started else ""), share
+    ), None
 
 
 ISLAND_NOTE = "float32 island, not a drift"
@@ -167,4 +165,4 @@ def wider_outputs(output: Any, precision: Precision) -> list[str]:
 def undone_upcast_flag(detail: str | None) -> Flag | None:
     """The flag of a cell whose code cast a tensor up on purpose, which autocast cast back
     down before a matmul or attention kernel: the upcast did nothing."""
-    return Flag(UNDONE_UPCAST, detail) if detail else None
+    return Flag(FlagKind.UNDONE_UPCAST, detail) if detail else None

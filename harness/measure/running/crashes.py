@@ -3,6 +3,7 @@ killed its process, or the harness failed on it; and the notes a record carries.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
@@ -12,7 +13,7 @@ from harness.measure.host import flash_kernels, torch_state
 from harness.measure.running.errors import MAX_MESSAGE, case_root, error_fields, own_frames
 from harness.measure.tracing.source_sites import HARNESS_DIR
 from harness.schema.axes import Cell
-from harness.schema.records import CellRecord, CrashKind, Note, NoteKind, Outcome
+from harness.schema.records import CellRecord, CrashKind, Note, NoteKind, Outcome, SettingChange
 
 CONTRACT_NOTE = (
     "flash-attn-contract: flash-attn 2's input contract and error messages enforced, "
@@ -28,12 +29,21 @@ def backend_note(cell: Cell) -> Note | None:
     return Note(NoteKind.BACKEND, text) if text else None
 
 
-def changed_note(changed: list[str]) -> Note | None:
+def changed_note(changed: Sequence[SettingChange]) -> Note | None:
     """A cell whose code changed torch's global settings says so: elsewhere than in its own
     process, that change would reach every cell after it."""
     if not changed:
         return None
-    return Note(NoteKind.SETTINGS_CHANGED, f"the cell's code {torch_state.describe(changed)}")
+    text = f"the cell's code {torch_state.describe(torch_state.worded(changed))}"
+    return Note(NoteKind.SETTINGS_CHANGED, text)
+
+
+def with_changes(record: CellRecord, changed: Sequence[SettingChange]) -> CellRecord:
+    """The record of a cell whose own code changed torch's global settings ``changed``:
+    the changes, typed, and the note that names them."""
+    if not changed:
+        return record
+    return replace(record, settings_changes=tuple(changed)).noted(changed_note(changed))
 
 
 def crashed(record: CellRecord, kind: CrashKind, error: BaseException, case: Case) -> CellRecord:

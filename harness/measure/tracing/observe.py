@@ -30,9 +30,10 @@ class CoreObservation:
         if name not in self.dtypes:
             self.dtypes.append(name)
 
-    def summary(self) -> str | None:
-        """``float16``, ``float16+float32`` when mixed, or None when nothing was seen."""
-        return "+".join(self.dtypes) if self.dtypes else None
+    def summary(self) -> tuple[str, ...]:
+        """The dtypes seen, in order first seen (``("float16", "float32")`` when mixed;
+        none where nothing was seen)."""
+        return tuple(self.dtypes)
 
 
 class _CoreDtypeRecorder(LazyDynamoMode):

@@ -1,0 +1,73 @@
+"""Records of older schemas read as today's: each step rewrites a JSON object of one schema
+into the next one's fields (``migrated`` runs the steps an object needs). Each old field is
+parsed here, the one place it is read from its stored text."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.schema.records import CrashKind, NoteKind, Outcome
+from harness.schema.typed import mismatch
+
+V1_TIMING_FAILED = "timing failed: "
+V1_CRASH_KINDS = {
+    "ProcessDied": CrashKind.PROCESS_DIED,
+    "WorkerCrashed": CrashKind.WORKER_DIED,
+    "HarnessError": CrashKind.HARNESS,
+}
+#: Schema 4 and older joined a cell's several dtypes with this (``float16+float32``).
+V4_DTYPE_JOIN = "+"
+#: Schema 4's dtype fields and schema 5's lists that replace them.
+V4_DTYPE_FIELDS = {"out_dtype": "out_dtypes", "attn_dtype": "attn_dtypes"}
+
+
+def migrated(data: dict[str, Any], version: int) -> dict[str, Any]:
+    """A record's JSON object of schema ``version`` as the current schema's fields."""
+    if version < 2:
+        data = migrate_v1(data)
+    if version < 4:
+        data = migrate_v3(data)
+    if version < 5:
+        data = migrate_v4(data)
+    return data
+
+
+def migrate_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """Schema 1 stored a timing failure in ``note`` and a crash's kind in ``error_type``."""
+    data = dict(data)
+    if not isinstance(data.get("note") or "", str):
+        raise TypeError(mismatch("note", str | None, data["note"]))
+    notes = [n for n in (data.get("note") or "").split("; ") if n]
+    failed = [n for n in notes if n.startswith(V1_TIMING_FAILED)]
+    if failed:
+        data["timing_error"] = failed[0].removeprefix(V1_TIMING_FAILED)
+        data["note"] = "; ".join(n for n in notes if n not in failed) or None
+    if data.get("outcome") == Outcome.CRASHED.value:
+        kind = V1_CRASH_KINDS.get(str(data.get("error_type")))
+        data["crash_kind"] = kind.value if kind else None
+    return data
+
+
+def migrate_v3(data: dict[str, Any]) -> dict[str, Any]:
+    """Schema 3 and older stored a record's notes as one text joined with ``"; "``: it
+    becomes one note of kind ``joined``, word for word."""
+    data = dict(data)
+    note = data.pop("note", None)
+    if not isinstance(note or "", str):
+        raise TypeError(mismatch("note", str | None, note))
+    data["notes"] = [{"kind": NoteKind.JOINED.value, "text": note}] if note else []
+    return data
+
+
+def migrate_v4(data: dict[str, Any]) -> dict[str, Any]:
+    """Schema 4 and older stored the output's and the attention core's dtypes as one text
+    joined with ``"+"`` (null where none): each becomes a list of dtype names. They kept no
+    settings changes of their own (those are in the notes' text)."""
+    data = dict(data)
+    for old, new in V4_DTYPE_FIELDS.items():
+        joined = data.pop(old, None)
+        if not isinstance(joined or "", str):
+            raise TypeError(mismatch(old, str | None, joined))
+        data[new] = joined.split(V4_DTYPE_JOIN) if joined else []
+    data["settings_changes"] = []
+    return data
