@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import torch
 
-from harness.report import aggregate, compare, plots, render
+from harness.report import aggregate, compare, plots, writing
 from harness.results import storage
 from harness.results.versions import render_bisect
 from harness.runner.run import missing_cells, saved_state
@@ -138,7 +138,7 @@ def read_as_every_reader_does(run_dir: Path, other: Path, full_report: bool) -> 
     run = aggregate.load_run(run_dir)
     aggregate.records_frame([run])
     if full_report:  # the report's tables and page: slower, so on some runs only
-        render.render_report([run])
+        writing.render_report([run])
     compare.render_comparison(compare.compare_runs(aggregate.load_run(other), run))
     render_bisect(run.records)
     problems = list(run.problems)

@@ -20,7 +20,7 @@ from harness.measure.host.cuda_facts import CudaFacts, DeviceFacts
 from harness.report import aggregate
 from harness.report.compare import pair_runs
 from harness.report.markdown import render_markdown
-from harness.report.render import render_report
+from harness.report.writing import render_report
 from harness.results import storage
 from harness.results.summary import render_summary
 from harness.schema import gpus

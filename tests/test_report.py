@@ -17,9 +17,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from harness.report import aggregate, grouping, render
+from harness.report import aggregate, case_tables, grouping
 from harness.report.compare import compare_runs, render_comparison
-from harness.report.render import render_report, write_report
+from harness.report.writing import render_report, write_report
 from harness.results import storage
 from harness.results.computed_in import ComputedIn
 from harness.schema.records import Flag
@@ -431,15 +431,15 @@ def test_environments_are_named_by_release_ranges_and_hosts() -> None:
 
 def test_a_cell_whose_outcome_differs_between_environments_shows_each_outcome() -> None:
     frame = aggregate.records_frame(aggregate.load_runs([OLD, NEW]))
-    envs = grouping.Environments(frame)
+    envs, styles = grouping.Environments(frame), case_tables.label_styles(frame)
     rows = [
         row
         for case, mine in frame.groupby("case")
-        for row in render.cell_rows(mine[mine["outcome"] != "skipped"], envs)
+        for row in case_tables.cell_rows(mine[mine["outcome"] != "skipped"], envs, styles)
     ]
-    differing = [r for r in rows if r["variants"] > 1]
+    differing = [r for r in rows if r.variants > 1]
     assert differing, "the stored runs of torch 2.4.1 and 2.13.0 differ somewhere"
-    assert sum(r["cells"] for r in rows) == (frame["outcome"] != "skipped").sum()
+    assert sum(r.cells for r in rows) == (frame["outcome"] != "skipped").sum()
     html = render_report(aggregate.load_runs([OLD, NEW]))
     assert "differs (2 outcomes)" in html
 
@@ -530,3 +530,21 @@ def test_the_read_side_never_imports_torch(tmp_path: Path) -> None:
     assert found["codes"][:2] == [0, 0] and found["codes"][3] == 0, result.stderr
     assert out.stat().st_size > 0 and markdown.stat().st_size > 0
     assert found["torch"] == []
+
+
+def test_a_cells_style_comes_from_its_outcome_and_flags_not_its_labels_text() -> None:
+    frame = pd.DataFrame(
+        {
+            "label": ["passes", "passes[not-half,drift]", "raises:repro[no-autocast]", "odd"],
+            "base_label": ["passes", "passes", "raises:repro", "inaccurate"],
+            "drift": [False, True, None, True],
+        }
+    )
+    styles = case_tables.label_styles(frame)
+    assert {label: style.css for label, style in styles.items()} == {
+        "passes": "passes",
+        "passes[not-half,drift]": "passes flagged drift",
+        "raises:repro[no-autocast]": "raises-repro flagged",
+        "odd": "inaccurate flagged drift",  # read off the columns, whatever the text says
+    }
+    assert [label for label, style in styles.items() if style.plain_pass] == ["passes"]

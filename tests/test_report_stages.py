@@ -13,7 +13,7 @@ import pytest
 
 from harness.report import aggregate, plots, stages
 from harness.report.markdown import render_markdown
-from harness.report.render import render_report
+from harness.report.writing import render_report
 from harness.results import storage
 from harness.schema.axes import Cell
 from harness.schema.records import (

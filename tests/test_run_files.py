@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from harness.report import aggregate, render
+from harness.report import aggregate, writing
 from harness.results import storage
 from harness.schema.axes import Cell
 from harness.schema.config import Limits, RunConfig, TimingConfig
@@ -175,7 +175,7 @@ def test_a_report_lists_a_newer_env_json_and_reads_the_rest(tmp_path: Path) -> N
     assert loaded.records and loaded.env == Environment()
     newer = "schema_version 9 is newer than this ampmatrix reads (up to 2)"
     assert loaded.problems == [f"{run / storage.ENV_FILE}: {newer}; upgrade ampmatrix to read it"]
-    assert "schema_version 9 is newer" in render.render_report([loaded])
+    assert "schema_version 9 is newer" in writing.render_report([loaded])
 
 
 @pytest.mark.parametrize(

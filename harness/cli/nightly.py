@@ -90,7 +90,7 @@ def render_tonight(runs: Sequence[Path], inputs: Sequence[Path], args: argparse.
     """One HTML report over every run of the night, and its Markdown summary."""
     from harness.report.aggregate import load_runs_for_report
     from harness.report.markdown import render_markdown
-    from harness.report.render import render_report, write_report
+    from harness.report.writing import render_report, write_report
 
     check_output(args.out, inputs, "--out")
     if args.markdown:

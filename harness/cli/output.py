@@ -81,7 +81,7 @@ def show_run(run_dir: Path, report_dir: Path | None) -> int:
     print(f"\nresults: {run_dir / storage.CELLS_FILE}")
     if report_dir:
         from harness.report.aggregate import load_run
-        from harness.report.render import render_report, write_report
+        from harness.report.writing import render_report, write_report
 
         report = write_report(
             render_report([load_run(run_dir)]), report_dir / f"{run_dir.name}.html"

@@ -43,7 +43,7 @@ def default_report_path(run_dirs: Sequence[Path]) -> Path:
 def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from harness.report.aggregate import load_run, load_runs_for_report
     from harness.report.compare import compare_runs
-    from harness.report.render import render_report, write_report
+    from harness.report.writing import render_report, write_report
 
     runs = load_runs_for_report([existing_run_dir(d) for d in args.run_dirs])
     out = args.out or default_report_path(args.run_dirs)
@@ -68,7 +68,7 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
 def check_output(out: Path, run_dirs: Sequence[Path], flag: str) -> None:
     """A report goes to a file of its own: never into a run folder (its results, its run
     plan), never over a folder, the reports' index or a file that is not a report."""
-    from harness.report.render import made_by_ampmatrix
+    from harness.report.writing import made_by_ampmatrix
 
     if out.is_dir():
         raise storage.ResultsError(f"{flag} {out}: a folder; name the file to write")

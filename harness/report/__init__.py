@@ -10,8 +10,8 @@ from harness.schema.surface import lazy_surface
 SURFACE = {
     "load_run": "aggregate",
     "load_runs_for_report": "aggregate",
-    "render_report": "render",
-    "write_report": "render",
+    "render_report": "writing",
+    "write_report": "writing",
     "compare_runs": "compare",
     "render_comparison": "compare",
     "render_markdown": "markdown",

@@ -1,0 +1,268 @@
+"""The report's views: what the HTML template reads, as dataclasses.
+
+:mod:`harness.report.render` builds them from the frame of records and the runs' files;
+:mod:`harness.report.writing` turns them into HTML and writes it. The style of an outcome
+(:class:`CellStyle`) comes from the cell's outcome and flags, never from its label's text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from harness.schema.records import LABELS, Outcome
+
+if TYPE_CHECKING:
+    from harness.report.aggregate import Recommendation
+    from harness.report.compare import Comparison
+    from harness.report.grouping import EnvironmentSet
+    from harness.report.stages import FitView
+    from harness.schema.run_files import CaseInfo
+
+#: The legend: (label, CSS class, meaning) per outcome label, then the flag's.
+LEGEND = (
+    *((label.text, label.css, label.meaning) for label in LABELS),
+    ("[flag]", "flagged", "the cell's precision mode was not applied as promised (see messages)"),
+)
+CSS_CLASS = {label.text: label.css for label in LABELS}
+
+
+@dataclass(frozen=True)
+class CellStyle:
+    """How an outcome is coloured: by its label without flags (``passes``,
+    ``raises:repro``), whether flags came with it, and whether one of them is drift."""
+
+    base: str
+    flagged: bool = False
+    drift: bool = False
+
+    @property
+    def css(self) -> str:
+        """The CSS classes: a flagged outcome gets ``flagged`` too, so it never looks like a
+        plain pass, and a drifting one ``drift`` as well."""
+        return (
+            CSS_CLASS.get(self.base, "missing")
+            + (" flagged" if self.flagged else "")
+            + (" drift" if self.drift else "")
+        )
+
+    @property
+    def plain_pass(self) -> bool:
+        """A pass with no flag."""
+        return self.base == Outcome.PASSES.value and not self.flagged
+
+
+#: The style of a matrix cell that did not run.
+MISSING = CellStyle("missing")
+
+
+@dataclass(frozen=True)
+class OutcomeCell:
+    """A summary matrix cell: its outcome label and CSS classes."""
+
+    label: str
+    css: str
+
+
+@dataclass(frozen=True)
+class MatrixRow:
+    case: str
+    fix: str
+    cells: list[OutcomeCell]
+
+
+@dataclass(frozen=True)
+class MatrixView:
+    """The summary matrix: column groups of alike environments (each with its span), the
+    columns (environment, dtype, mode) and a row per case and fix."""
+
+    env_spans: list[tuple[EnvironmentSet, int]]
+    columns: list[tuple[str, str, str]]
+    rows: list[MatrixRow]
+
+
+@dataclass(frozen=True)
+class CellNumbers:
+    """A cell row's numbers as shown: a value, or a median with its range."""
+
+    rel_err: str
+    tolerance: str
+    median_s: str
+    vs_control: str
+    vs_fastest: str
+    peak_mem_bytes: str
+    gflops: str
+    peak_fraction: str
+
+
+@dataclass(frozen=True)
+class CellRow:
+    """A row of a case's table of cells: a cell and one of its outcomes, with the
+    environments that gave it; ``variants`` counts a differing cell's outcomes on its
+    first row (0 on the others)."""
+
+    row: str
+    dtype: str
+    mode: str
+    envs: EnvironmentSet
+    cells: int
+    label: str
+    css: str
+    skip_reason: str | None
+    out_dtype: str | None
+    attn_dtype: str | None
+    numbers: CellNumbers
+    noisy: bool
+    launch_bound: bool
+    variants: int = 0
+
+
+@dataclass(frozen=True)
+class SkippedCells:
+    reason: str
+    cells: int
+    envs: EnvironmentSet
+
+
+@dataclass(frozen=True)
+class CellsAt:
+    """Cells of one row, dtype and mode (``cell``) and their environments."""
+
+    cell: str
+    envs: EnvironmentSet
+
+
+@dataclass(frozen=True)
+class Message:
+    """An error message or note, with every cell that gave it."""
+
+    text: str
+    count: int
+    where: list[CellsAt]
+
+
+@dataclass(frozen=True)
+class TrailRow:
+    """A distinct dtype trail of a cell that raised or drifted."""
+
+    where: str
+    envs: EnvironmentSet
+    label: str
+    css: str
+    promotion: str
+    failure: str
+    compute: str
+
+
+@dataclass(frozen=True)
+class StageCell:
+    """A fix's cells at one stage: the worst label, how many pass plainly of how many."""
+
+    label: str
+    css: str
+    text: str
+    passed: int
+    cells: int
+    misses: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StageFixRow:
+    """A fix across the stages, with its train step over its forward pass."""
+
+    row: str
+    stages: list[StageCell | None]
+    time_ratio: str
+    memory_ratio: str
+    train_vs_fastest: str
+
+
+@dataclass(frozen=True)
+class StageColumnRow:
+    """A fix in one column (dtype, mode) across the stages, with its fit and loss curve
+    (an inline SVG)."""
+
+    row: str
+    dtype: str
+    mode: str
+    stages: list[StageCell | None]
+    time_ratio: str
+    memory_ratio: str
+    fit: FitView | None
+    curve: str
+
+
+@dataclass(frozen=True)
+class StagesView:
+    stages: list[str]
+    fixes: list[StageFixRow]
+    columns: list[StageColumnRow]
+    across: str | None
+    trained: bool
+    fitted: bool
+
+
+@dataclass(frozen=True)
+class CaseView:
+    """A case's section: its metadata, recommendation, tables, stages and plots (each
+    ``(size, data URI)``; the size empty for a case that ran one)."""
+
+    name: str
+    meta: CaseInfo | None
+    links: list[tuple[str, str]]
+    recommendation: Recommendation
+    precision: list[tuple[str, str]]
+    cpu_timed: bool
+    environments: EnvironmentSet
+    cell_count: int
+    rows: list[CellRow]
+    skipped: list[SkippedCells]
+    messages: list[Message]
+    trails: list[TrailRow]
+    stages: StagesView | None
+    plots: list[tuple[str, str | None]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class VersionsView:
+    """Where each case's failure reproduces per torch release, and from which release
+    each fix passes."""
+
+    columns: list[str] = field(default_factory=list)
+    rows: list[tuple[str, list[str]]] = field(default_factory=list)
+    passing_columns: list[str] = field(default_factory=list)
+    passing_rows: list[tuple[str, str, list[str]]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class EnvironmentsView:
+    """The runs' environments: the facts all runs share once, then a row per run with the
+    facts that differ (a nightly's runs share most of theirs)."""
+
+    common: list[tuple[str, str]]
+    keys: list[str]
+    runs: list[tuple[str, list[str]]]
+
+
+@dataclass(frozen=True)
+class RunView:
+    name: str
+    path: str
+
+
+@dataclass(frozen=True)
+class ReportView:
+    """The whole report, as the template reads it."""
+
+    title: str
+    generated_at: str
+    runs: list[RunView]
+    environments: EnvironmentsView
+    problems: list[str]
+    noise: str | None
+    legend: tuple[tuple[str, str, str], ...]
+    modes: list[tuple[str, str]]
+    matrix: MatrixView
+    versions: VersionsView
+    cases: list[CaseView]
+    comparison: Comparison | None = None
