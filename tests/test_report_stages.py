@@ -6,6 +6,7 @@ folder as a run writes them, and read back as the report reads them."""
 
 from __future__ import annotations
 
+import collections
 import re
 from pathlib import Path
 
@@ -65,7 +66,7 @@ def cell(case: str, fix: str, stage: str, dtype: str = "bfloat16", mode: str = "
 def timed(case: str, fix: str, stage: str, seconds: float, memory: int, **kw: str) -> CellRecord:
     """A cell that passes, with its figures."""
     return CellRecord(
-        cell(case, fix, stage, **kw), "2.13.0", Outcome.PASSES, out_dtype="bfloat16",
+        cell(case, fix, stage, **kw), "2.13.0", Outcome.PASSES, out_dtypes=("bfloat16",),
         numerics=numerics(1e-3), perf=perf(seconds, memory),
     )  # fmt: skip
 
@@ -82,7 +83,7 @@ def fitted(fix: str, losses: tuple[float, ...], lost: float, scale: float | None
         cell(CASE, fix, "fit"),
         "2.13.0",
         Outcome.INACCURATE if stalled else Outcome.PASSES,
-        out_dtype="bfloat16",
+        out_dtypes=("bfloat16",),
         numerics=Numerics(0.0, worst, None, 0.5, "fit", True, "updates lost"),
         notes=(Note(NoteKind.FIT, "the fit stalls"),) if stalled else (),
         fit=figures,
@@ -116,7 +117,7 @@ def records() -> list[CellRecord]:
             cell(ATTENTION, "upcast", "train", "float16", "autocast"),
             "2.13.0",
             Outcome.INACCURATE,
-            out_dtype="float16",
+            out_dtypes=("float16",),
             numerics=numerics(0.0116, 3.33e-3, "grad.qkv.bias"),
         ),
     ]
@@ -253,3 +254,31 @@ def test_across_fixes_compares_the_columns_every_fix_has() -> None:
         "time and 1.50x (every fix) the forward pass's peak memory."
     )
     assert stages.across_fixes({}, {}) is None
+
+
+@pytest.mark.parametrize(
+    ("outcome", "label", "verb"),
+    [
+        ("raises", "raises:repro[drift]", "raises"),
+        ("inaccurate", "inaccurate[not-half]", "is inaccurate"),
+        ("timeout", "timeout", "timed out"),
+        ("passes", "passes[drift]", "is passes[drift]"),
+    ],
+)
+def test_a_miss_is_worded_by_its_outcome_not_its_label(
+    outcome: str, label: str, verb: str
+) -> None:
+    miss = stages.StageMiss("train", "bfloat16/half", label, outcome, "")
+    assert miss.describe() == f"bfloat16/half train step {verb}"
+
+
+def test_a_stage_outcome_ranks_labels_by_their_base_label() -> None:
+    Row = collections.namedtuple("Row", "dtype mode label base_label")
+    rows = [
+        Row("float16", "half", "passes[drift]", "passes"),
+        Row("bfloat16", "half", "raises:repro[drift]", "raises:repro"),
+        Row("float32", "fp32", "passes", "passes"),
+    ]
+    outcome = stages.stage_outcome(rows)
+    assert outcome.label == "raises:repro[drift]" and outcome.passed == 1
+    assert outcome.misses[0].startswith("raises:repro[drift]: bfloat16/half")

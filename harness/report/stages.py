@@ -74,13 +74,15 @@ class StageMiss:
     stage: str
     column: str
     label: str
+    #: The failed cell's outcome (``Outcome``'s value), which names what it did.
+    outcome: str
     why: str
     #: Environments where it failed, of those where the column ran at that stage.
     failed_in: int = 1
     ran_in: int = 1
 
     def describe(self) -> str:
-        verb = miss_verb(self.stage, self.label)
+        verb = miss_verb(self.stage, self.outcome, self.label)
         where = f" (in {self.failed_in} of {self.ran_in} environments)" * (
             self.failed_in < self.ran_in
         )
@@ -88,15 +90,20 @@ class StageMiss:
         return f"{self.column} {NOUN.get(self.stage, self.stage)} {verb}{where}{why}"
 
 
-def miss_verb(stage: str, label: str) -> str:
-    base = label.split("[")[0]
-    if base == "inaccurate":
+#: What a cell of each outcome did, as a failed column's sentence says it.
+MISS_VERBS = {
+    Outcome.RAISES.value: "raises",
+    Outcome.TIMEOUT.value: "timed out",
+    Outcome.CRASHED.value: "crashed",
+}
+
+
+def miss_verb(stage: str, outcome: str, label: str) -> str:
+    """What a failed cell did (``raises``, ``stalls``), from its outcome; a cell that
+    passes with a flag ``is passes[drift]``."""
+    if outcome == Outcome.INACCURATE.value:
         return "stalls" if stage == FIT_STAGE else "is inaccurate"
-    if base.startswith("raises"):
-        return "raises"
-    if base == "timeout":
-        return "timed out"
-    return {"crashed": "crashed"}.get(base, f"is {label}")
+    return MISS_VERBS.get(outcome, f"is {label}")
 
 
 @dataclass(frozen=True)
@@ -127,8 +134,9 @@ class StageFailure:
 
 
 #: What the stage view and :func:`stage_failures` read of a case's frame.
-STAGE_COLUMNS = ["fix", "base_row", "stage", "dtype", "mode", "env", "label", "outcome",
-                 "failure", "fit", "median_s", "peak_mem_bytes", "vs_fastest"]  # fmt: skip
+STAGE_COLUMNS = ["fix", "base_row", "stage", "dtype", "mode", "env", "label", "base_label",
+                 "outcome", "failure", "fit", "median_s", "peak_mem_bytes",
+                 "vs_fastest"]  # fmt: skip
 
 
 def column_label(dtype: str, mode: str) -> str:
@@ -186,6 +194,7 @@ def stage_misses(stage: str, cells: pd.DataFrame) -> list[StageMiss]:
                 stage,
                 column_label(str(dtype), str(mode)),
                 str(first["label"]),
+                str(first["outcome"]),
                 miss_reason(first),
                 failed["env"].nunique(),
                 column["env"].nunique(),
@@ -228,27 +237,33 @@ class StageOutcome:
 SEVERITY = ("crashed", "raises:OTHER", "timeout", "inaccurate", "raises:repro", "raises")
 
 
-def severity(label: str) -> tuple[int, str]:
-    """Worse labels first (:data:`SEVERITY`), then flagged passes, then ``passes``."""
-    base = label.split("[")[0]
+def severity(base: str, label: str) -> tuple[int, str]:
+    """Worse labels first (:data:`SEVERITY`, by the label's outcome without its flags,
+    ``base``), then flagged passes, then ``passes``."""
     if base in SEVERITY:
         return SEVERITY.index(base), label
     return len(SEVERITY) + (label == PASSES), label
 
 
 def stage_outcome(cells: Sequence[Any]) -> StageOutcome:
-    """The outcome of ``cells`` (rows of one stage, with ``dtype``, ``mode``, ``label``)."""
+    """The outcome of ``cells`` (rows of one stage, with ``dtype``, ``mode``, ``label``
+    and ``base_label``)."""
     labels = [c.label for c in cells]
+    bases = {c.label: c.base_label for c in cells}
+
+    def worst_first(label: str) -> tuple[int, str]:
+        return severity(bases[label], label)
+
     where: dict[str, set[tuple[str, str]]] = {}
     for c in cells:
         if c.label != PASSES:
             where.setdefault(c.label, set()).add((c.dtype, c.mode))
     misses = tuple(
         f"{label}: {', '.join(column_label(*c) for c in sorted(where[label], key=column_order))}"
-        for label in sorted(where, key=severity)
+        for label in sorted(where, key=worst_first)
     )
     passed = labels.count(PASSES)
-    return StageOutcome(min(labels, key=severity), passed, len(labels), misses)
+    return StageOutcome(min(labels, key=worst_first), passed, len(labels), misses)
 
 
 #: A ratio's place: (row, dtype, mode, environment).
