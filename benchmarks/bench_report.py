@@ -11,9 +11,11 @@ the figure is the largest one's). Each figure is printed next to its target, PAS
 (all untimed: the correctness records come first), and to its first 11 cells with their
 timed records (so the report draws a plot). 1k cells and more are synthetic runs built from
 the stored result sets (the same records under other torch versions and hosts, a
-nightly's worth). Also timed, in this process: reading the results files alone, and
-``compare`` over the same cells: each run against its sibling of the other torch version
-(half the cells against the other half, with real outcome and speed changes).
+nightly's worth). Every run is written as the current schema writes it (the stored runs
+are of older ones), so the report reads it as a fresh run's. Also timed, in this process:
+reading the results files alone, and ``compare`` over the same cells: each run against its
+sibling of the other torch version (half the cells against the other half, with real
+outcome and speed changes).
 """
 
 from __future__ import annotations
@@ -24,12 +26,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import replace
+from functools import cache
 from pathlib import Path
+from typing import Any
 
 from harness.report.aggregate import load_runs, load_runs_for_report
 from harness.report.compare import compare_runs, render_comparison
 from harness.results import storage
+from harness.schema.records import CellRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = sorted((ROOT / "tests" / "data" / "runs").iterdir())
@@ -43,18 +49,28 @@ TARGETS: dict[int, tuple[float | None, float | None]] = {11: (1.0, None), 100_00
 SMALL_SOURCE = ROOT / "tests" / "data" / "runs" / "torch-2.13.0"
 
 
+@cache
+def current_lines(source: Path) -> tuple[dict[str, Any], ...]:
+    """The lines of ``source``'s results as the current schema writes them."""
+    return tuple(
+        CellRecord.from_dict(json.loads(line)).to_dict()
+        for line in (source / storage.CELLS_FILE).read_text().splitlines()
+    )
+
+
+def written(lines: Iterable[dict[str, Any]]) -> str:
+    return "".join(json.dumps(line, allow_nan=False) + "\n" for line in lines)
+
+
 def synthetic_run(source: Path, folder: Path, version: str, host: str) -> int:
     """A copy of ``source`` as if measured with torch ``version`` on ``host``."""
     folder.mkdir(parents=True)
     env = replace(storage.read_env(source), torch_version=version, hostname=host)
     storage.write_env(folder, env)
     (folder / storage.CASES_FILE).write_text((source / storage.CASES_FILE).read_text())
-    records = [
-        json.loads(line) | {"torch_version": version}
-        for line in (source / storage.CELLS_FILE).read_text().splitlines()
-    ]
-    (folder / storage.CELLS_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
-    return len(storage.read_records(folder))
+    lines = [line | {"torch_version": version} for line in current_lines(source)]
+    (folder / storage.CELLS_FILE).write_text(written(lines))
+    return len({CellRecord.from_dict(line).cell for line in lines})
 
 
 def synthetic_runs(root: Path, target: int) -> tuple[list[Path], int]:
@@ -77,14 +93,14 @@ def cut_run(source: Path, folder: Path, cells: int, timed: bool) -> int:
     folder.mkdir(parents=True)
     for name in (storage.ENV_FILE, storage.CASES_FILE):
         (folder / name).write_text((source / name).read_text())
-    lines = (source / storage.CELLS_FILE).read_text().splitlines(keepends=True)
+    lines = current_lines(source)
     if not timed:
         chosen_lines = lines[:cells]
     else:
         ids = [record.cell.id for record in storage.read_record_lines(source)]
         chosen = set(list(dict.fromkeys(ids))[:cells])
-        chosen_lines = [line for line, cell in zip(lines, ids, strict=True) if cell in chosen]
-    (folder / storage.CELLS_FILE).write_text("".join(chosen_lines))
+        chosen_lines = tuple(line for line, cell in zip(lines, ids, strict=True) if cell in chosen)
+    (folder / storage.CELLS_FILE).write_text(written(chosen_lines))
     return len(storage.read_records(folder))
 
 

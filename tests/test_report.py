@@ -479,7 +479,7 @@ def test_a_run_at_two_sizes_shows_each_size_apart(tmp_path: Path) -> None:
 
 
 def test_runs_read_in_parallel_give_the_same_frame(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(aggregate, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr("harness.report.runs.PARALLEL_BYTES", 0)
     parallel = aggregate.load_runs_for_report([OLD, NEW], processes=2)
     assert all(run.rows and not run.records for run in parallel)
     expected = aggregate.records_frame(aggregate.load_runs([OLD, NEW]))

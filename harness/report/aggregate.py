@@ -1,31 +1,26 @@
-"""From results files to the tables a report shows: a pure function of the runs (pandas).
+"""From runs to the tables a report shows: a pure function of the runs (pandas).
 
-Nothing here runs a case. Runs are read tolerantly: a line or file that cannot be read is
-listed as a problem (file and line), and everything valid is still used.
+Nothing here runs a case, nor reads a file: the runs and their rows are read by
+:mod:`harness.report.runs` (its names are served here too).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import multiprocessing
-import operator
-import os
-import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import chain
-from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
 from harness.report import stages
+from harness.report.runs import Run as Run
+from harness.report.runs import run_columns
+from harness.report.runs import load_run as load_run
+from harness.report.runs import load_runs as load_runs
+from harness.report.runs import load_runs_for_report as load_runs_for_report
 from harness.report.stages import StageFailure
-from harness.results import storage
-from harness.results.computed_in import ComputedIn, computed_in, fix_computed_in
+from harness.results.computed_in import ComputedIn, fix_computed_in
 from harness.results.search import release_key
-from harness.results.speed import SpeedRatios, record_key, speed_ratios
-from harness.results.summary import failure_line
 from harness.schema import gpus
 from harness.schema.axes import (
     CONTROL_FIX,
@@ -35,100 +30,10 @@ from harness.schema.axes import (
     SIZES,
     SMALL_SIZE,
     STAGES,
-    Cell,
     rank,
 )
-from harness.schema.records import (
-    DRIFT,
-    CellRecord,
-    Outcome,
-    base_label,
-    outcome_label,
-)
+from harness.schema.records import Outcome
 from harness.schema.releases import torch_release
-from harness.schema.run_files import Environment
-
-
-@dataclass
-class Run:
-    """One results directory as read: its environment, records and reading problems."""
-
-    run_dir: Path
-    env: Environment
-    records: list[CellRecord]
-    problems: list[str] = field(default_factory=list)
-    #: The report's rows of the records, column by column (``run_columns``), where
-    #: computed ahead (then ``records`` may be dropped: columns are cheaper to keep and to
-    #: send between processes).
-    rows: dict[str, list[Any]] | None = None
-
-    @property
-    def name(self) -> str:
-        return self.run_dir.name
-
-
-def load_run(run_dir: Path) -> Run:
-    problems: list[str] = []
-    try:
-        env = storage.read_env(run_dir, problems)
-    except storage.ResultsError as error:
-        env, problems = Environment(), [str(error)]
-    records = storage.read_records(run_dir, problems)
-    if not records:
-        problems.append(f"{run_dir / storage.CELLS_FILE}: no records (an empty run)")
-    return Run(run_dir, env, records, problems)
-
-
-def load_runs(run_dirs: Sequence[Path]) -> list[Run]:
-    return [load_run(Path(d)) for d in run_dirs]
-
-
-#: Results files beyond this many bytes in all are read by several processes at once.
-PARALLEL_BYTES = 4_000_000
-
-
-def load_runs_for_report(run_dirs: Sequence[Path], processes: int | None = None) -> list[Run]:
-    """The runs with their report rows computed and their records dropped: what a report
-    needs. Many runs (a nightly over every release) are read by one process per core,
-    since reading and checking a record is most of a large report's time."""
-    dirs = [Path(d) for d in run_dirs]
-    processes = min(processes or os.cpu_count() or 1, len(dirs))
-    with storage.paused_gc():  # the rows received are no garbage: nothing to collect
-        if processes < 2 or results_bytes(dirs) < PARALLEL_BYTES:
-            return [load_rows(d) for d in dirs]
-        context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
-        # small chunks: no process left alone at the end
-        with context.Pool(processes) as pool:
-            return pool.map(load_rows, dirs, chunksize=max(1, len(dirs) // (processes * 16)))
-
-
-def results_bytes(dirs: Sequence[Path]) -> int:
-    files = (d / storage.CELLS_FILE for d in dirs)
-    return sum(f.stat().st_size for f in files if f.is_file())
-
-
-def load_rows(run_dir: Path) -> Run:
-    """One run as a report reads it: rows instead of records."""
-    with storage.paused_gc():
-        run = load_run(run_dir)
-        return Run(run.run_dir, run.env, [], run.problems, shared(run_columns(run)))
-
-
-def shared(columns: dict[str, list[Any]]) -> dict[str, list[Any]]:
-    """``columns`` with equal values as one object: a run repeats its names, labels and
-    messages in every row, and one object is sent between processes (pickled once) and held
-    once, where a copy per row made a large report's memory."""
-    seen: dict[str | None, str | None] = {}
-    return {
-        name: list(map(seen.setdefault, values, values))
-        if TEXT.issuperset(map(type, values))
-        else values
-        for name, values in columns.items()
-    }
-
-
-#: The types of a column of text (numbers are left as they are: ``1 == 1.0 == True``).
-TEXT = frozenset((str, type(None)))
 
 
 def environment_labels(frame: pd.DataFrame, show_host: bool | pd.Series) -> pd.Series:
@@ -156,83 +61,6 @@ def hosts_shown(frame: pd.DataFrame) -> pd.Series:
     devices = frame["device_label"] if "device_label" in frame else frame["device"]
     hosts = frame.groupby(devices)["hostname"].transform("nunique")
     return hosts > 1
-
-
-#: The fields of a cell, read once: ``dataclasses.asdict`` per record costs more than
-#: the rest of a frame row.
-CELL_FIELDS = tuple(f.name for f in dataclasses.fields(Cell))
-cell_values = operator.attrgetter(*CELL_FIELDS)
-
-
-def record_row(
-    record: CellRecord, run: tuple[str, str], ratio: SpeedRatios | None
-) -> dict[str, Any]:
-    """A record's row: its cell, outcome and figures, and its ``run``'s name and host."""
-    perf, numerics, cell = record.perf, record.numerics, record.cell
-    return {
-        **dict(zip(CELL_FIELDS, cell_values(cell), strict=True)),
-        "row_with_backend": cell.row(show_backend=True),
-        "row_without_backend": cell.row(show_backend=False),
-        "run": run[0],
-        "torch_version": record.torch_version,
-        "hostname": run[1],
-        "outcome": record.outcome.value,
-        "label": outcome_label(record),
-        "base_label": base_label(record),
-        "failure": failure_line(record),
-        "promotion": record.trail.promotion.describe()
-        if record.trail and record.trail.promotion
-        else None,
-        "failure_site": record.trail.failure() if record.trail else None,
-        "compute": "; ".join(
-            f"{kind}: {'+'.join(dtypes)}" for kind, dtypes in record.trail.compute_dtypes.items()
-        )
-        if record.trail
-        else None,
-        "drift": any(flag.kind == DRIFT for flag in record.flags),
-        "reproduces": record.reproduces,
-        "error_type": record.error_type,
-        "error_message": record.error_message,
-        "skip_reason": record.skip_reason,
-        "note": record.notes_text,
-        "out_dtype": record.out_dtype,
-        "attn_dtype": record.attn_dtype,
-        "computed_in": computed_in(record),
-        "rel_err": numerics.rel_err if numerics else None,
-        "tolerance": numerics.tolerance if numerics else None,
-        "median_s": perf.speed_s if perf else None,
-        "launch_bound": perf.launch_bound if perf else None,
-        "iqr_s": perf.time_iqr_s if perf else None,
-        "noisy": perf.time_noisy if perf else None,
-        "peak_mem_bytes": perf.peak_mem_bytes if perf else None,
-        "gflops": perf.gflops if perf else None,
-        "peak_fraction": perf.peak_fraction if perf else None,
-        "vs_control": ratio.vs_control if ratio else None,
-        "vs_fastest": ratio.vs_fastest if ratio else None,
-        "fit": record.fit,
-    }
-
-
-def run_columns(run: Run) -> dict[str, list[Any]]:
-    """A row per record of the run, with its speed ratios (computed within the run), column
-    by column (empty for a run without records)."""
-    ratios = speed_ratios(run.records)
-    names = (run.name, "?" if run.env.hostname is None else run.env.hostname)
-    rows = [record_row(r, names, ratios.get(record_key(r))) for r in run.records]
-    if not rows:
-        return {}
-    # every row has the same keys in the same order: the values, transposed
-    values = zip(*(row.values() for row in rows), strict=True)
-    columns = dict(zip(rows[0], map(list, values), strict=True))
-    columns["device_label"] = device_labels(run)
-    return columns
-
-
-def device_labels(run: Run) -> list[str]:
-    """Per record, its device as the report names it: by the GPU the run recorded at that
-    device (``H100 80GB HBM3 (sm90)``), ``cpu`` for the CPU."""
-    named = {d: gpus.device_label(run.env.gpus, d) for d in {r.cell.device for r in run.records}}
-    return [named[record.cell.device] for record in run.records]
 
 
 def records_frame(runs: Sequence[Run]) -> pd.DataFrame:

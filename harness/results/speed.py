@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from harness.schema.axes import CONTROL_FIX, CONTROL_MODE, Cell, Column
 from harness.schema.records import CellRecord, Outcome
@@ -148,3 +149,39 @@ def rank_with_ties(records: Sequence[CellRecord]) -> list[list[CellRecord]]:
         else:
             tiers.append([record])
     return tiers
+
+
+def column_speed_ratios(
+    columns: dict[str, list[Any]], medians: Sequence[float | None], unflagged: Sequence[bool]
+) -> tuple[list[float | None], list[float | None]]:
+    """:func:`speed_ratios` over a run read as columns (``harness.results.columns``): per
+    line, in order, its ratio to the control and to the fastest (None where there is
+    none). ``medians``: each line's :func:`median_of`; ``unflagged``: whether it carries
+    no flag."""
+    names = ("torch_version", "case", "size", "device", "backend", "mode", "fix", "dtype",
+             "stage", "outcome")  # fmt: skip
+    rows = list(zip(*(columns[name] for name in names), medians, unflagged, strict=True))
+    found: dict[ControlKey, float] = {}
+    fastest: dict[tuple[str, ...], float] = {}
+    for version, case, size, device, backend, mode, fix, dtype, stage, outcome, m, plain in rows:
+        if not m:
+            continue
+        if mode == CONTROL_MODE and fix == CONTROL_FIX:
+            found[(case, size, version, device, backend)] = m
+        if outcome == Outcome.PASSES.value and plain:
+            key = (version, case, device, dtype, mode, size, stage)
+            fastest[key] = min(fastest.get(key, m), m)
+    # a control of another backend: the first by key, as control_for takes it
+    any_backend: dict[tuple[str, ...], float] = {}
+    for control_key, median in sorted(found.items()):
+        any_backend.setdefault(control_key[:4], median)
+    vs_control: list[float | None] = []
+    vs_fastest: list[float | None] = []
+    for version, case, size, device, backend, mode, _, dtype, stage, _, m, _ in rows:
+        control = found.get((case, size, version, device, backend)) or any_backend.get(
+            (case, size, version, device)
+        )
+        best = fastest.get((version, case, device, dtype, mode, size, stage))
+        vs_control.append(m / control if m and control else None)
+        vs_fastest.append(m / best if m and best else None)
+    return vs_control, vs_fastest

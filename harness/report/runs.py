@@ -1,0 +1,148 @@
+"""Runs as a report reads them: a results directory's environment, and its cells as
+records (``load_run``: ``compare``, ``nightly``) or as the report's rows, column by column
+(``load_rows``: the HTML report, over as many runs as a nightly holds).
+
+Runs are read tolerantly: a line or file that cannot be read is listed as a problem (file
+and line), and everything valid is still used.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.report.rows import device_names, parsed_rows, record_row
+from harness.results import storage
+from harness.results.columns import parsed_run
+from harness.results.speed import record_key, speed_ratios
+from harness.schema.records import CellRecord, MalformedRecord
+from harness.schema.run_files import Environment
+
+
+@dataclass
+class Run:
+    """One results directory as read: its environment, records and reading problems."""
+
+    run_dir: Path
+    env: Environment
+    records: list[CellRecord]
+    problems: list[str] = field(default_factory=list)
+    #: The report's rows of the records, column by column (``run_columns``), where
+    #: computed ahead (then ``records`` may be dropped: columns are cheaper to keep and to
+    #: send between processes).
+    rows: dict[str, list[Any]] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.run_dir.name
+
+    @property
+    def host(self) -> str:
+        """The host the run names (``?`` where it names none)."""
+        return "?" if self.env.hostname is None else self.env.hostname
+
+
+def read_env(run_dir: Path) -> tuple[Environment, list[str]]:
+    """The run's environment and the problems reading it found (an empty one where it
+    cannot be read at all)."""
+    problems: list[str] = []
+    try:
+        return storage.read_env(run_dir, problems), problems
+    except storage.ResultsError as error:
+        return Environment(), [str(error)]
+
+
+def load_run(run_dir: Path) -> Run:
+    env, problems = read_env(run_dir)
+    records = storage.read_records(run_dir, problems)
+    if not records:
+        problems.append(empty_run(run_dir))
+    return Run(run_dir, env, records, problems)
+
+
+def empty_run(run_dir: Path) -> str:
+    return f"{run_dir / storage.CELLS_FILE}: no records (an empty run)"
+
+
+def load_runs(run_dirs: Sequence[Path]) -> list[Run]:
+    return [load_run(Path(d)) for d in run_dirs]
+
+
+#: Results files beyond this many bytes in all are read by several processes at once.
+PARALLEL_BYTES = 4_000_000
+
+
+def load_runs_for_report(run_dirs: Sequence[Path], processes: int | None = None) -> list[Run]:
+    """The runs with their report rows computed and no records kept: what a report needs.
+    Many runs (a nightly over every release) are read by one process per core."""
+    dirs = [Path(d) for d in run_dirs]
+    processes = min(processes or os.cpu_count() or 1, len(dirs))
+    with storage.paused_gc():  # the rows received are no garbage: nothing to collect
+        if processes < 2 or results_bytes(dirs) < PARALLEL_BYTES:
+            return [load_rows(d) for d in dirs]
+        context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+        # small chunks: no process left alone at the end
+        with context.Pool(processes) as pool:
+            return pool.map(load_rows, dirs, chunksize=max(1, len(dirs) // (processes * 16)))
+
+
+def results_bytes(dirs: Sequence[Path]) -> int:
+    files = (d / storage.CELLS_FILE for d in dirs)
+    return sum(f.stat().st_size for f in files if f.is_file())
+
+
+def load_rows(run_dir: Path) -> Run:
+    """One run as a report reads it: rows instead of records. A run of the current schema
+    is read as columns (``harness.results.columns``), with no record per cell; any other
+    (an older schema, a line that cannot be read) record by record, which names each
+    problem."""
+    with storage.paused_gc():
+        env, problems = read_env(run_dir)
+        parsed = parsed_run(run_dir)
+        if parsed is not None and parsed.lines:
+            try:
+                rows = parsed_rows(parsed, (run_dir.name, Run(run_dir, env, []).host))
+            except MalformedRecord:
+                rows = None
+            if rows is not None:
+                rows["device_label"] = device_names(env, rows["device"])
+                return Run(run_dir, env, [], problems, shared(rows))
+        run = load_run(run_dir)
+        return Run(run.run_dir, run.env, [], run.problems, shared(run_columns(run)))
+
+
+def run_columns(run: Run) -> dict[str, list[Any]]:
+    """A row per record of the run, with its speed ratios (computed within the run), column
+    by column (empty for a run without records)."""
+    ratios = speed_ratios(run.records)
+    names = (run.name, run.host)
+    rows = [record_row(r, names, ratios.get(record_key(r))) for r in run.records]
+    if not rows:
+        return {}
+    # every row has the same keys in the same order: the values, transposed
+    values = zip(*(row.values() for row in rows), strict=True)
+    columns = dict(zip(rows[0], map(list, values), strict=True))
+    columns["device_label"] = device_names(run.env, [r.cell.device for r in run.records])
+    return columns
+
+
+def shared(columns: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """``columns`` with equal values as one object: a run repeats its names, labels and
+    messages in every row, and one object is sent between processes (pickled once) and held
+    once, where a copy per row made a large report's memory."""
+    seen: dict[str | None, str | None] = {}
+    return {
+        name: list(map(seen.setdefault, values, values))
+        if TEXT.issuperset(map(type, values))
+        else values
+        for name, values in columns.items()
+    }
+
+
+#: The types of a column of text (numbers are left as they are: ``1 == 1.0 == True``).
+TEXT = frozenset((str, type(None)))

@@ -1,0 +1,208 @@
+"""A run's ``cells.jsonl`` read as columns: each line decoded by the JSON parser, then each
+field checked over every line at once, with no record built per line (a report over a
+nightly's runs reads hundreds of thousands of lines and needs only columns).
+
+Only what this reader can vouch for is read so: a run whose every line is a JSON object
+of schema :data:`COLUMNAR_SCHEMA` whose plain fields (names, numbers, figures) have their
+types. Anything else (a line cut short, not UTF-8, of an older schema, a field of the wrong
+type) makes :func:`parsed_run` answer None, and the caller reads the run record by record
+(``harness.results.storage``), which names each problem with its file and line. The
+fields built from more than their own value (flags, notes, the trail, a fit) are checked
+by the reader of the columns, once per distinct value (``harness.report.rows``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import typing
+from collections.abc import Callable, Iterable
+from dataclasses import MISSING, dataclass
+from itertools import compress
+from operator import methodcaller
+from pathlib import Path
+from typing import Any
+
+from harness.results.storage import CELLS_FILE, MAX_LINE_BYTES
+from harness.schema.axes import Cell
+from harness.schema.records import (
+    NESTED,
+    CellRecord,
+    launch_bound,
+    plain_field_names,
+)
+from harness.schema.typed import NON_FINITE, compiled, number_fields, number_from
+
+#: The schema whose runs are read as columns; older ones are read record by record.
+COLUMNAR_SCHEMA = 5
+#: A JSON escape of half a UTF-16 pair: a line holding one is read record by record, which
+#: tells a lone half (no text) from a pair.
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+#: Characters that a cell's id puts between its names: a name holding one may give two
+#: cells one id, which only the record by record reading tells.
+ID_PUNCTUATION = re.compile(r"[\[\],=]")
+
+
+@dataclass(frozen=True)
+class FieldCheck:
+    """A plain field of a record's JSON object: its name, its declared type, whether it
+    holds numbers (a non-finite one stored as ``"NaN"``, ``"Infinity"``, ``"-Infinity"``),
+    and the field whose presence says that its sub-record is there (None: always there)."""
+
+    name: str
+    hint: Any
+    numbers: bool
+    marker: str | None
+    #: A name of the cell (never empty).
+    cell_name: bool = False
+    #: What a cell's field holds when the line leaves it out (None: it must be there).
+    default: Any = None
+
+
+def field_checks() -> tuple[FieldCheck, ...]:
+    """Every plain field of a record: the cell's names, the record's own plain fields, and
+    those of its numerics and figures (``NESTED``)."""
+    cell = tuple(
+        FieldCheck(f.name, str, False, None, True, None if f.default is MISSING else f.default)
+        for f in dataclasses.fields(Cell)
+    )
+    owners: list[tuple[type, tuple[str, ...], str | None]] = [
+        (CellRecord, plain_field_names(), None)
+    ]
+    for kind, present_by in NESTED.values():
+        owners.append((kind, tuple(f.name for f in dataclasses.fields(kind)), present_by))
+    plain = []
+    for kind, names, marker in owners:
+        hints, numbers = typing.get_type_hints(kind), dict(number_fields(kind))
+        plain += [FieldCheck(n, hints[n], n in numbers, marker) for n in names]
+    return cell + tuple(plain)
+
+
+FIELD_CHECKS = field_checks()
+#: The fields read as columns beside the plain ones (each checked with its record).
+TYPED_COLUMNS = ("flags", "outcome")
+
+
+@dataclass(frozen=True)
+class ParsedRun:
+    """A run's lines as the JSON parser gave them (the latest line of each cell, in the
+    order ``storage.read_records`` gives its records) and their plain fields, checked, as
+    columns (a cell's names with their defaults, non-finite numbers as floats); and every
+    line read."""
+
+    lines: list[dict[str, Any]]
+    columns: dict[str, list[Any]]
+    #: Every line read, superseded ones included (each must be checked whole), and the
+    #: positions among them of ``lines``.
+    read: list[dict[str, Any]]
+    kept: list[int]
+
+    def launch_bound(self) -> list[bool]:
+        """Per line, whether its timed median is launch-bound (``Perf.launch_bound``)."""
+        timed, device = self.columns["time_median_s"], self.columns["device_time_s"]
+        return [
+            d is not None and t is not None and launch_bound(t, d)
+            for t, d in zip(timed, device, strict=True)
+        ]
+
+    def speed_s(self) -> list[float | None]:
+        """Per line, the figure its speed is judged by (``Perf.speed_s``; None: untimed)."""
+        timed, device = self.columns["time_median_s"], self.columns["device_time_s"]
+        return [
+            d if bound else t
+            for t, d, bound in zip(timed, device, self.launch_bound(), strict=True)
+        ]
+
+
+def parsed_run(run_dir: Path) -> ParsedRun | None:
+    """The run's lines as columns, or None where this reader does not vouch for every line
+    (see the module's docstring): then the run is to be read record by record."""
+    lines = decoded_lines(run_dir / CELLS_FILE)
+    if lines is None or not of_schema(lines, COLUMNAR_SCHEMA):
+        return None
+    checked = {check.name: checked_column(lines, check) for check in FIELD_CHECKS}
+    columns = {name: values for name, values in checked.items() if values is not None}
+    if len(columns) < len(checked):
+        return None
+    cells = list(zip(*(columns[f.name] for f in dataclasses.fields(Cell)), strict=True))
+    if ID_PUNCTUATION.search("".join(set().union(*cells))):
+        return None
+    # a later line of a cell supersedes the earlier ones, and takes their place
+    kept = sorted(dict(zip(cells, range(len(cells)), strict=True)).values())
+    latest = lines
+    if len(kept) < len(lines):
+        latest = [lines[i] for i in kept]
+        columns = {name: [values[i] for i in kept] for name, values in columns.items()}
+    for name in TYPED_COLUMNS:
+        columns[name] = list(map(methodcaller("get", name), latest))
+    return ParsedRun(latest, columns, lines, kept)
+
+
+def decoded_lines(path: Path) -> list[dict[str, Any]] | None:
+    """Each non-blank line of ``path`` as the JSON parser reads it; None for a file that
+    cannot be read, a line that is not UTF-8 or JSON or is too long, or a half surrogate
+    escape anywhere."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if b"\\u" in data and SURROGATE_ESCAPE.search(data):
+        return None
+    raw = [line for line in data.split(b"\n") if line.strip()]
+    if raw and max(map(len, raw)) > MAX_LINE_BYTES:
+        return None
+    try:
+        return list(map(json.loads, map(bytes.decode, raw)))
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
+
+
+def of_schema(lines: list[Any], version: int) -> bool:
+    """Every line is a JSON object of schema ``version`` (an integer, as records say it)."""
+    if set(map(type, lines)) - {dict}:
+        return False
+    versions = list(map(methodcaller("get", "schema_version"), lines))
+    return set(map(type, versions)) <= {int} and set(versions) <= {version}
+
+
+def checked_column(lines: list[dict[str, Any]], check: FieldCheck) -> list[Any] | None:
+    """The field's values over the lines (non-finite numbers as floats), or None where one
+    does not have its declared type (in a line that has the field's sub-record)."""
+    values = list(map(methodcaller("get", check.name, check.default), lines))
+    if check.numbers:
+        values = readable_numbers(values, check.hint)
+    if check.marker is None:
+        present: Iterable[Any] = values
+    else:
+        markers = map(methodcaller("get", check.marker), lines)
+        present = list(compress(values, (m is not None for m in markers)))
+    if check.cell_name:  # a name, never empty
+        return values if set(map(type, values)) <= {str} and all(values) else None
+    return values if _fits(present, check.hint) else None
+
+
+def _fits(values: Iterable[Any], hint: Any) -> bool:
+    """Whether every value has the declared type: one pass over their types where the type
+    alone decides, else each value's own check."""
+    fit: Callable[[Any, str], str | None] = compiled(hint)
+    exact: frozenset[type] = getattr(fit, "exact_types", frozenset())
+    values = list(values)
+    if exact and set(map(type, values)) <= exact:
+        return True
+    return all(fit(value, "") is None for value in values)
+
+
+def readable_numbers(values: list[Any], hint: Any) -> list[Any]:
+    """A number field's values with ``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` as floats
+    (in a list of numbers too)."""
+    if typing.get_origin(hint) in (list, tuple):
+        return [
+            [number_from(v) for v in value]
+            if isinstance(value, list) and str in set(map(type, value))
+            else value
+            for value in values
+        ]
+    if str not in set(map(type, values)):
+        return values
+    return [NON_FINITE.get(v, v) if type(v) is str else v for v in values]
