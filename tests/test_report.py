@@ -22,7 +22,7 @@ from harness.report.compare import compare_runs, render_comparison
 from harness.report.writing import render_report, write_report
 from harness.results import storage
 from harness.results.computed_in import ComputedIn
-from harness.schema.records import Flag
+from harness.schema.records import Flag, FlagKind
 from harness.schema.run_files import Environment
 from harness.schema.trail_records import Promotion, Site, Trail
 from tests.conftest import harness
@@ -375,7 +375,9 @@ def test_a_flagged_cell_is_shown_flagged_and_never_recommended(tmp_path: Path) -
     shutil.copytree(NEW, run)
     records = storage.read_records(run)
     target = next(r for r in records if r.cell.fix == "fp32-then-cast" and r.perf)
-    flag = Flag("no-autocast", "the mode enters torch.autocast, but no torch op ran with it on")
+    flag = Flag(
+        FlagKind.NO_AUTOCAST, "the mode enters torch.autocast, but no torch op ran with it on"
+    )
     storage.append_record(run, dataclasses.replace(target, flags=(flag,)))
     frame = aggregate.records_frame(aggregate.load_runs([run]))
     assert "fp32-then-cast" not in aggregate.fixes_passing_everywhere(
@@ -385,7 +387,7 @@ def test_a_flagged_cell_is_shown_flagged_and_never_recommended(tmp_path: Path) -
     trail = Trail(
         promotion=Promotion(Site("aten::_to_copy", None, "cases/s.py:9"), "float32", "a cast")
     )
-    drift = Flag("drift", "attention computed in float32")
+    drift = Flag(FlagKind.DRIFT, "attention computed in float32")
     storage.append_record(run, dataclasses.replace(drifting, flags=(drift,), trail=trail))
     html = render_report(aggregate.load_runs([run]))
     assert 'class="o passes flagged">passes[no-autocast]<' in html
@@ -399,7 +401,9 @@ def test_a_plain_pass_that_starts_to_drift_is_a_regression() -> None:
     from harness.report.compare import outcome_verdict
 
     base = next(r for r in storage.read_records(NEW) if r.outcome.value == "passes")
-    drifted = dataclasses.replace(base, flags=(Flag("drift", "attention computed in float32"),))
+    drifted = dataclasses.replace(
+        base, flags=(Flag(FlagKind.DRIFT, "attention computed in float32"),)
+    )
     assert outcome_verdict(base, drifted) == "regression"
     assert outcome_verdict(drifted, base) == "improvement"
     assert outcome_verdict(base, base) is None
