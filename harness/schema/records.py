@@ -373,21 +373,9 @@ class CellRecord:
             warnings=as_tuple(data.get("warnings"), "warnings"),
             out_dtypes=as_tuple(data.get("out_dtypes"), "out_dtypes"),
             attn_dtypes=as_tuple(data.get("attn_dtypes"), "attn_dtypes"),
-            settings_changes=tuple(
-                made(SettingChange, c, f"settings_changes[{i}]")
-                for i, c in enumerate(as_tuple(data.get("settings_changes"), "settings_changes"))
-            ),
+            settings_changes=settings_changes_from(data.get("settings_changes")),
             notes=tuple(note_from(n) for n in as_tuple(data.get("notes"), "notes")),
-            leaves={
-                k: made(
-                    Numerics,
-                    with_numbers(Numerics, as_mapping(v, f"leaves[{k!r}]")),
-                    f"leaves[{k!r}]",
-                )
-                for k, v in as_mapping(leaves, "leaves").items()
-            }
-            if leaves
-            else None,
+            leaves=leaves_from(leaves) if leaves else None,
             crash_kind=member(CrashKind, crash_kind, "crash_kind") if crash_kind else None,
             trail=Trail.from_dict(data),
             fit=FitFigures.from_dict(data["fit"]) if data.get("fit") is not None else None,
@@ -395,6 +383,22 @@ class CellRecord:
         record = built(cls, typed | nested | plain)
         check_fields(record)
         return record
+
+
+def settings_changes_from(data: Any) -> tuple[SettingChange, ...]:
+    """A record's settings changes from their JSON list (null or absent: none)."""
+    changes = as_tuple(data, "settings_changes")
+    return tuple(made(SettingChange, c, f"settings_changes[{i}]") for i, c in enumerate(changes))
+
+
+def leaves_from(data: Any) -> dict[str, Numerics]:
+    """Each output leaf's figures from their JSON object (non-finite numbers as strings)."""
+    return {
+        k: made(
+            Numerics, with_numbers(Numerics, as_mapping(v, f"leaves[{k!r}]")), f"leaves[{k!r}]"
+        )
+        for k, v in as_mapping(data, "leaves").items()
+    }
 
 
 def note_from(data: Any) -> Note:
