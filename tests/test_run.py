@@ -14,7 +14,7 @@ import torch
 
 from harness.measure.figures.timing import ClockStopwatch, CudaEventStopwatch, stopwatch_for
 from harness.results import storage
-from harness.runner import isolation, pytest_launch, run
+from harness.runner import forked, pytest_launch, run
 from harness.runner.cell_items import Controller
 from harness.schema.axes import Cell
 from harness.schema.config import RunConfig
@@ -210,13 +210,13 @@ def raise_unprintable() -> None:
     ],
 )
 def test_a_child_that_fails_in_python_says_why(work: Callable[[], None], cause: str) -> None:
-    forked = isolation.run_forked(work, timeout_s=30, threads=1)
-    assert forked.failure == f"the cell's process failed without a result: {cause}"
-    assert not forked.timed_out
+    child = forked.run_forked(work, timeout_s=30, threads=1)
+    assert child.failure == f"the cell's process failed without a result: {cause}"
+    assert not child.timed_out
 
 
 def test_a_child_value_comes_back() -> None:
-    assert isolation.run_forked(lambda: {"a": 1}, timeout_s=30, threads=1).value == {"a": 1}
+    assert forked.run_forked(lambda: {"a": 1}, timeout_s=30, threads=1).value == {"a": 1}
 
 
 def test_the_columns_of_one_case_and_device_are_timed_in_one_process() -> None:
