@@ -34,6 +34,7 @@ from harness.runner.isolation import (
 from harness.runner.progress import Progress, column_label, progress_label
 from harness.schema.axes import Cell
 from harness.schema.config import Limits, TimingConfig
+from harness.schema.devices import CUDA, device_kind
 from harness.schema.records import CellRecord, CrashKind, Outcome
 
 OUTCOME_KEY = "ampmatrix_outcome"
@@ -86,7 +87,7 @@ class PlanFile(pytest.File):
                 limits=limits,
                 trace=config.trace,
             )
-            if cells[0].device.startswith("cuda"):  # one worker owns each GPU
+            if device_kind(cells[0].device) == CUDA:  # one worker owns each GPU
                 cells_item.add_marker(pytest.mark.xdist_group(cells[0].device))
             yield cells_item
         timing = config.timing or TimingConfig()

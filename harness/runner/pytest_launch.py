@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.results import storage
 from harness.schema.axes import Cell
+from harness.schema.devices import CUDA, known_device
 from harness.schema.records import CellRecord
 
 if TYPE_CHECKING:  # pytest is imported where workers run the cells
@@ -31,7 +32,8 @@ TimingBatch = dict[str, list[CellRecord]]
 
 
 def on_gpu(device: str) -> bool:
-    return device.startswith("cuda")
+    known = known_device(device)
+    return known is not None and known.kind == CUDA
 
 
 def worker_count(workers: str, batches: Sequence[Sequence[Cell]]) -> int:

@@ -43,6 +43,7 @@ from harness.runner.pytest_launch import (
 )
 from harness.schema.axes import FIT_STAGE, SIZES, SMALL_SIZE, TIMED_SIZE, Cell, rank
 from harness.schema.config import RunConfig, TimingConfig
+from harness.schema.devices import known_device
 from harness.schema.records import CellRecord, Outcome
 from harness.schema.releases import torch_release
 from harness.schema.run_files import RunPlan
@@ -218,7 +219,8 @@ def timed_sizes(records: Sequence[CellRecord]) -> dict[tuple[str, str], str]:
 
 
 def timed_size(device: str, sizes: set[str]) -> str:
-    preferred = TIMED_SIZE.get(device.split(":")[0], SMALL_SIZE)
+    known = known_device(device)
+    preferred = TIMED_SIZE[known.kind] if known else SMALL_SIZE
     return preferred if preferred in sizes else min(sizes, key=lambda s: rank(SIZES, s))
 
 
