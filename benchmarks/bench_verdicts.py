@@ -50,7 +50,8 @@ import torch  # noqa: E402
 
 from harness.measure import execute  # noqa: E402
 from harness.measure.authoring import registry  # noqa: E402
-from harness.measure.authoring.model_case import Matrix, case_name, model_case  # noqa: E402
+from harness.measure.authoring.model_case import Matrix, model_case  # noqa: E402
+from harness.measure.authoring.model_targets import case_name  # noqa: E402
 from harness.measure.host import caches  # noqa: E402
 from harness.measure.judge.numerics import ROUNDING_FACTOR, rounding_ratio  # noqa: E402
 from harness.plugin import MARK  # noqa: E402

@@ -18,7 +18,8 @@ from harness.measure.precision.modes import Precision
 from harness.measure.running.training import TrainedStep, train_step
 from harness.measure.tracing.python_watch import PythonWatch, watch_python
 from harness.measure.tracing.source_sites import shown
-from harness.measure.tracing.trail import DtypeTracer, Names, tracing
+from harness.measure.tracing.tensor_marks import Names
+from harness.measure.tracing.trail import DtypeTracer, tracing
 from harness.results.summary import render_summary
 from harness.schema.axes import Cell
 from harness.schema.records import CellRecord, Note, NoteKind, Outcome

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from harness.measure.tracing.kernels import ATTENTION, MATMUL, kernel_kind
 from harness.measure.tracing.observe import CoreObservation, record_core_dtypes
 from harness.measure.tracing.python_watch import PythonWatch, watch_python
-from harness.measure.tracing.trail import DtypeTracer, Names, tracing
+from harness.measure.tracing.tensor_marks import Names
+from harness.measure.tracing.trail import DtypeTracer, tracing
 
 
 def core_work() -> None:

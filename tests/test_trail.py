@@ -16,7 +16,8 @@ from torch import nn
 from harness.measure import execute
 from harness.measure.authoring import registry
 from harness.measure.tracing.python_watch import PythonWatch, watch_python
-from harness.measure.tracing.trail import DtypeTracer, Names, tracing
+from harness.measure.tracing.tensor_marks import Names
+from harness.measure.tracing.trail import DtypeTracer, tracing
 from harness.schema.axes import Cell
 from harness.schema.records import Outcome
 from harness.schema.trail_records import Promotion, Site, Trail

@@ -45,7 +45,7 @@ def fill(check: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """``run`` over the models the targets build: same pipeline, results and report."""
-    from harness.measure.authoring.model_case import target_names
+    from harness.measure.authoring.model_targets import target_names
     from harness.runner.run import run
 
     names = target_names(args.targets)

@@ -23,15 +23,16 @@ else the ``loss`` the model's output carries (a transformers model given ``label
 the mean squared error of every floating output against a fixed random target. A named
 loss wins over the model's own: a user who names one means it (and may read
 ``output.loss`` in it).
+
+What a ``check`` names (its targets, their case names, the ``--keep-fp32`` and ``--loss``
+entries of each) is parsed and checked in :mod:`harness.measure.authoring.model_targets`.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
-import re
 import sys
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from pathlib import Path
@@ -42,6 +43,16 @@ import torch
 
 from harness.measure.authoring import import_probe, registry
 from harness.measure.authoring.case import Case, RunContext, Upstream, Workload, fix
+from harness.measure.authoring.model_targets import (
+    FACTORY_FORM,
+    LOSS_FORM,
+    check_loss_entries,
+    keep_for,
+    loss_for,
+    split_target,
+    target_names,
+)
+from harness.measure.authoring.model_targets import ModelCheckError as ModelCheckError
 from harness.schema.axes import (
     CONTROL_FIX,
     CONTROL_MODE,
@@ -65,13 +76,6 @@ Forward = Callable[[Any, dict[str, Any]], Any]
 Loss = Callable[..., Any]
 #: The stages whose cells take a loss (a named loss means nothing to the others).
 LOSS_STAGES = (TRAIN_STAGE, FIT_STAGE)
-#: How a factory and a loss function are named, as a one-line error shows them.
-FACTORY_FORM = "MODULE:FACTORY, e.g. models:build_block"
-LOSS_FORM = "MODULE:FUNC, e.g. mylosses:token_loss"
-
-
-class ModelCheckError(ValueError):
-    """A factory or target that cannot be checked, said in one line."""
 
 
 class Matrix:
@@ -113,14 +117,6 @@ class Matrix:
 
     def __repr__(self) -> str:
         return f"Matrix(keep_fp32={self.keep_fp32!r}, **{self._values!r})"
-
-
-def case_name(text: str) -> str:
-    """A case name from a function or module name: ``test_T5_block`` -> ``test-t5-block``."""
-    name = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-    if not name:
-        raise ModelCheckError(f"{text!r} gives no usable case name")
-    return name
 
 
 def call_factory(factory: Factory, ctx: RunContext) -> Any:
@@ -299,38 +295,6 @@ def check_loss_stages(stages: Sequence[str], name: str) -> None:
         )
 
 
-def split_target(target: str, form: str = FACTORY_FORM) -> tuple[str, str]:
-    """``MODULE:FACTORY`` (or a loss's ``MODULE:FUNC``: ``form``) as its two parts, or a
-    ``ModelCheckError`` saying what is wrong."""
-    module_name, _, attribute = target.partition(":")
-    if not module_name or not attribute:
-        raise ModelCheckError(f"{target!r}: expected {form}")
-    return module_name, attribute
-
-
-def target_names(targets: Sequence[str]) -> dict[str, str]:
-    """The case name of each target: its factory's name (``models:build_block`` ->
-    ``build-block``), or, where two targets' factories share a name, the module's and the
-    factory's (``dup_a:build`` -> ``dup-a-build``), so no two models share a cell id. Two
-    targets that would still share a name are a ``ModelCheckError``."""
-    unique = list(dict.fromkeys(targets))
-    short = {target: case_name(split_target(target)[1]) for target in unique}
-    counts = Counter(short.values())
-    names = {
-        target: name if counts[name] == 1 else case_name(target.replace(":", "-"))
-        for target, name in short.items()
-    }
-    by_name: dict[str, str] = {}
-    for target, name in names.items():
-        if name in by_name:
-            raise ModelCheckError(
-                f"{by_name[name]} and {target} would both be checked as {name!r}: "
-                "rename one factory"
-            )
-        by_name[name] = target
-    return names
-
-
 def load_target(target: str, path: str = "") -> tuple[Factory, str]:
     """The factory named by ``MODULE:FACTORY`` (importable from ``path``, the folder
     ``check`` ran in, too) and the file it is defined in."""
@@ -437,53 +401,6 @@ def every_value(axis: Axis, values: Sequence[str]) -> tuple[str, ...]:
     if axis.vocabulary and any(value in axis.requests for value in values):
         return axis.vocabulary
     return tuple(values)
-
-
-def keep_for(target: str, keep_fp32: tuple[str, ...]) -> tuple[str, ...]:
-    """The ``--keep-fp32`` names that apply to ``target``: ``NAME`` applies to every target,
-    ``FACTORY=NAME`` to that factory's model only."""
-    factory = split_target(target)[1]
-    kept = []
-    for entry in keep_fp32:
-        owner, _, name = entry.rpartition("=")
-        if not owner or owner == factory:
-            kept.append(name)
-    return tuple(kept)
-
-
-def loss_for(target: str, losses: Sequence[str]) -> str:
-    """The ``--loss`` that applies to ``target`` (empty: none): ``FACTORY=MODULE:FUNC``
-    for that factory's model, else a plain ``MODULE:FUNC``, which applies to every
-    target; two that apply alike are a ``ModelCheckError``."""
-    factory = split_target(target)[1]
-    own = [spec for owner, spec in map(loss_owner, losses) if owner == factory]
-    every = [spec for owner, spec in map(loss_owner, losses) if not owner]
-    chosen = own or every
-    if len(set(chosen)) > 1:
-        raise ModelCheckError(f"{target}: two losses, --loss {' and --loss '.join(chosen)}")
-    return chosen[0] if chosen else ""
-
-
-def loss_owner(entry: str) -> tuple[str, str]:
-    """``FACTORY=MODULE:FUNC`` as its factory and its loss; ``MODULE:FUNC`` has no factory."""
-    owner, equals, spec = entry.partition("=")
-    return (owner, spec) if equals else ("", entry)
-
-
-def check_loss_entries(targets: Sequence[str], losses: Sequence[str]) -> None:
-    """A ``--loss`` that names no loss, or a ``FACTORY=MODULE:FUNC`` whose factory no
-    target names, is a ``ModelCheckError`` (either would train on the default loss
-    unseen)."""
-    factories = {split_target(target)[1] for target in targets}
-    for entry in losses:
-        owner, spec = loss_owner(entry)
-        if not spec:
-            raise ModelCheckError(f"--loss {entry!r}: expected {LOSS_FORM}")
-        if owner and owner not in factories:
-            raise ModelCheckError(
-                f"--loss {entry}: no target's factory is named {owner!r} "
-                f"(targets: {', '.join(targets)})"
-            )
 
 
 def registered_models(config: RunConfig) -> list[Case]:

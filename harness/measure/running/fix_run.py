@@ -33,7 +33,8 @@ from harness.measure.running import fitting, training
 from harness.measure.running.errors import WorkloadFailed
 from harness.measure.running.kinks import KinkRecorder
 from harness.measure.tracing.python_watch import PythonWatch, watch_python
-from harness.measure.tracing.trail import DtypeTracer, Names, tracing
+from harness.measure.tracing.tensor_marks import Names
+from harness.measure.tracing.trail import DtypeTracer, tracing
 from harness.schema.axes import EAGER, FIT_STAGE, TRAIN_STAGE, Cell
 from harness.schema.records import Flag, Note
 from harness.schema.trail_records import Drift, Trail
