@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,11 +34,79 @@ import pytest
 if TYPE_CHECKING:
     from harness.measure.authoring.case import Case
     from harness.measure.authoring.model_case import Matrix
-    from harness.schema.axes import Cell
+    from harness.schema.axes import Axis, Cell
     from harness.schema.records import CellRecord, Note
 
 MARK = "__ampmatrix_model__"
 CELL_ARG = "ampmatrix_cell"
+#: What separates the axis values of an ``expect`` key (``"float16/half"``).
+EXPECT_SEPARATOR = "/"
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """An entry of ``expect``, parsed: the axis values its key names, each with the model
+    axes it is a value of, and the outcome label accepted where a cell has them all."""
+
+    #: The key as written, for messages.
+    key: str
+    #: Each value the key names, and the axes it may be a value of (``eager``: the
+    #: backend or the compile mode).
+    values: tuple[tuple[str, tuple[Axis, ...]], ...]
+    label: str
+
+    def matches(self, cell: Cell) -> bool:
+        """Whether the cell has every value of the key, on one of its axes (a device
+        also by its kind: ``cuda`` matches ``cuda:1``)."""
+        return all(
+            any(value in axis.aliases(getattr(cell, axis.name)) for axis in axes)
+            for value, axes in self.values
+        )
+
+
+def parse_expect(
+    expect: Mapping[str, str], axes: Sequence[Axis] | None = None
+) -> tuple[Expectation, ...]:
+    """``expect`` read once, as ``check_model`` receives it: each key split into the values
+    of the model axes (of ``axes``, the axis table, where given) it names. A key that is
+    not text, has an empty part, or names a value of no model axis is a ``ModelCheckError``
+    naming the key (at collection: the decorator runs as the test module is imported)."""
+    from harness.measure.authoring.model_case import ModelCheckError
+    from harness.schema.axes import AXES
+
+    model_axes = tuple(a for a in (axes or AXES) if a.model_default is not None)
+    parsed = []
+    for key, label in expect.items():
+        if not isinstance(key, str) or not isinstance(label, str):
+            raise ModelCheckError(f"expect {key!r}: {label!r}: a key and a label are text")
+        parts = key.split(EXPECT_SEPARATOR)  # the one place an expect key is split
+        if not all(parts):
+            raise ModelCheckError(
+                f"expect key {key!r}: axis values joined by {EXPECT_SEPARATOR!r}, none empty "
+                "(e.g. 'float16/half')"
+            )
+        values = tuple((part, axes_naming(key, part, model_axes)) for part in parts)
+        parsed.append(Expectation(key, values, label))
+    return tuple(parsed)
+
+
+def axes_naming(key: str, value: str, axes: Sequence[Axis]) -> tuple[Axis, ...]:
+    """The model axes ``value`` is a value of (an indexed one, ``cuda:1``, too); none is a
+    ``ModelCheckError`` naming the key and the values each axis takes."""
+    from harness.measure.authoring.model_case import ModelCheckError
+
+    found = tuple(axis for axis in axes if is_value_of(axis, value))
+    if not found:
+        known = "; ".join(f"{axis.plural}: {', '.join(axis.vocabulary)}" for axis in axes)
+        raise ModelCheckError(
+            f"expect key {key!r}: {value!r} is no value of a model axis ({known})"
+        )
+    return found
+
+
+def is_value_of(axis: Axis, name: str) -> bool:
+    """``name`` is one of the axis's values, or one of its indexed values (``cuda:1``)."""
+    return name in axis.vocabulary or (axis.is_request(name) and name not in axis.requests)
 
 
 @dataclass(frozen=True)
@@ -47,7 +115,7 @@ class ModelTest:
 
     factory: Callable[..., Any]
     matrix: Matrix
-    expect: Mapping[str, str] = field(default_factory=dict)
+    expect: tuple[Expectation, ...] = ()
     #: The loss of a training step, where the test names one (``loss=``).
     loss: Callable[..., Any] | None = None
 
@@ -65,7 +133,7 @@ def check_model(
     expect: Mapping[str, str] | None = None,
     loss: Callable[..., Any] | None = None,
     **axes: tuple[str, ...],
-) -> Callable[[Callable[..., Any]], Callable[[Any], None]]:
+) -> Callable[[Callable[..., Any]], Callable[..., None]]:
     """Turn a factory of ``(model, inputs)`` into one test per cell of the matrix asked for.
 
     The keywords are the axes a model check selects, by their plural (``devices``,
@@ -74,7 +142,8 @@ def check_model(
     ``cuda`` (every visible GPU; skipped where there is none); ``backends`` are passed to a
     factory that takes the cell's context (``ctx.backend``); ``expect`` maps ``"dtype/mode"``
     (any of those axes' values, joined by ``/``) to the outcome label accepted there, e.g.
-    ``"raises"`` or ``"passes[drift]"``. ``stages=("forward", "train")`` also takes one
+    ``"raises"`` or ``"passes[drift]"`` (a key that names no such value is an error as the
+    test module is collected). ``stages=("forward", "train")`` also takes one
     training step in each cell; its loss is ``loss(output)`` or ``loss(output, inputs)``
     where ``loss`` is given (it wins over a loss the model returns), else the model's own
     ``loss``, else the mean squared error against a fixed random target.
@@ -86,16 +155,17 @@ def check_model(
     )
 
     matrix = Matrix(keep_fp32=keep_fp32, **axes)
+    expectations = parse_expect(expect or {})
     if loss is not None:
         name = getattr(loss, "__qualname__", repr(loss))
         check_loss_signature(loss, f"loss={name}")
         check_loss_stages(matrix["stages"], name)
 
-    def decorate(factory: Callable[..., Any]) -> Callable[[Any], None]:
-        spec = ModelTest(factory, matrix, dict(expect or {}), loss)
+    def decorate(factory: Callable[..., Any]) -> Callable[..., None]:
+        spec = ModelTest(factory, matrix, expectations, loss)
 
-        def test(ampmatrix_cell: Any) -> None:
-            run_model_cell(spec, ampmatrix_cell)
+        def test(ampmatrix_cell: Any, request: pytest.FixtureRequest) -> None:
+            run_model_cell(spec, ampmatrix_cell, session_state(request.config))
 
         functools.update_wrapper(test, factory)
         del test.__wrapped__  # type: ignore[attr-defined]  # pytest reads the signature: the cell, not the factory's
@@ -115,46 +185,62 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+@dataclass
+class SessionState:
+    """What the plugin keeps for one pytest session, on its ``config.stash`` (two sessions
+    in one process, as pytester runs them, keep theirs apart)."""
+
+    #: The run folder every model cell's record is appended to (``--ampmatrix-results``).
+    results: Path | None = None
+    #: The command that ran the tests, recorded in a results folder's ``env.json``.
+    command: tuple[str, ...] = ("pytest",)
+    #: torch's global settings before any test module was imported (they cannot have
+    #: changed before torch was): each model cell starts from them (``settle_torch``).
+    torch_state: dict[str, Any] | None = None
+
+
+SESSION_STATE = pytest.StashKey[SessionState]()
+
+
+def session_state(config: pytest.Config) -> SessionState:
+    """The session's state (a fresh one where the plugin was not configured, as when a
+    decorated test is called by a session with the plugin disabled)."""
+    return config.stash.setdefault(SESSION_STATE, SessionState())
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    global _RESULTS, _COMMAND
-    _RESULTS = config.getoption("ampmatrix_results", None)
     # a pytest-xdist worker's own arguments are not the user's: its controller's are
     worker_input: dict[str, Any] = getattr(config, "workerinput", {})
     argv = worker_input.get("mainargv") or ["pytest", *config.invocation_params.args]
-    _COMMAND = [str(arg) for arg in argv]
-    remember_torch_state()
+    state = SessionState(
+        results=config.getoption("ampmatrix_results", None),
+        command=tuple(str(arg) for arg in argv),
+    )
+    config.stash[SESSION_STATE] = state
+    remember_torch_state(state)
 
 
 def pytest_collectstart(collector: pytest.Collector) -> None:
     """Before each test module is imported: torch's settings, where it is loaded by now."""
-    remember_torch_state()
+    remember_torch_state(session_state(collector.config))
 
 
-def remember_torch_state() -> None:
+def remember_torch_state(state: SessionState) -> None:
     """torch's global settings, the first time they can be read without importing torch
     (a plain test run must not load it): at configure, or before the first test module is
     imported once a conftest has loaded torch. A test module that is the first to import
     torch and then changes its settings at import is not told apart from torch's own."""
-    global _TORCH_STATE
-    if _TORCH_STATE is None and "torch" in sys.modules:
+    if state.torch_state is None and "torch" in sys.modules:
         from harness.measure.host import torch_state
 
-        _TORCH_STATE = torch_state.snapshot()
-
-
-_RESULTS: Path | None = None
-#: torch's global settings before any test module was imported (they cannot have changed
-#: before torch was): each model cell starts from them (``settled``).
-_TORCH_STATE: dict[str, Any] | None = None
-#: The command that ran the tests, recorded in a results folder's ``env.json``.
-_COMMAND: list[str] = ["pytest"]
+        state.torch_state = torch_state.snapshot()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     spec: ModelTest | None = getattr(metafunc.function, MARK, None)
     if spec is None:
         return
-    from harness.measure.authoring.model_targets import case_name
+    from harness.measure.authoring.model_case import case_name
     from harness.runner.matrix import expand
 
     case = spec.case(case_name(metafunc.function.__name__), str(metafunc.definition.path))
@@ -181,43 +267,34 @@ def cell_id(cell: Cell, cells: Sequence[Cell]) -> str:
     return "-".join(getattr(cell, name) for name in varying or ("dtype", "mode"))
 
 
-def run_model_cell(spec: ModelTest, cell: Cell) -> None:
+def run_model_cell(spec: ModelTest, cell: Cell, state: SessionState) -> None:
     """Run the cell, store its record where asked, and pass, xfail or fail the test."""
     from harness.measure import execute
 
-    settled = settle_torch()
+    settled = settle_torch(state)
     record = execute.run_cell(cell)
     if settled is not None:
         record = replace(record, notes=(settled, *record.notes))
-    if _RESULTS is not None:
-        keep_record(_RESULTS, record)
+    if state.results is not None:
+        keep_record(state.results, record, state.command)
     verdict(record, expected_label(spec.expect, cell))
 
 
-def settle_torch() -> Note | None:
+def settle_torch(state: SessionState) -> Note | None:
     """Put torch's global settings back as they were before the tests were imported (a
     test module or fixture that sets the default dtype, say, would change every model
     cell after it); a note says what had changed, or None."""
     from harness.measure.host import torch_state
 
-    remember_torch_state()
-    assert _TORCH_STATE is not None  # a model cell has torch loaded
-    return torch_state.settled_note(_TORCH_STATE, "the test process's")
+    remember_torch_state(state)
+    assert state.torch_state is not None  # a model cell has torch loaded
+    return torch_state.settled_note(state.torch_state, "the test process's")
 
 
-def expected_label(expect: Mapping[str, str], cell: Cell) -> str | None:
-    """The label ``expect`` accepts for ``cell``: the first key whose names (``/``-joined)
-    are all among the cell's values on the model axes (a device also by its kind)."""
-    from harness.schema.axes import axes_of
-
-    values = {
-        name
-        for axis in axes_of(type(cell))
-        if axis.model_default is not None
-        for name in axis.aliases(getattr(cell, axis.name))
-    }
-    matches = [label for key, label in expect.items() if set(key.split("/")) <= values]
-    return matches[0] if matches else None
+def expected_label(expect: Sequence[Expectation], cell: Cell) -> str | None:
+    """The label ``expect`` accepts for ``cell``: the first entry whose values the cell
+    has, each on one of its axes."""
+    return next((entry.label for entry in expect if entry.matches(cell)), None)
 
 
 def verdict(record: CellRecord, expected: str | None) -> None:
@@ -250,12 +327,12 @@ def failure_message(record: CellRecord) -> str:
     trail = record.trail
     if trail and trail.promotion and "enters" not in (line or ""):
         parts.append(f"float32 enters: {trail.promotion.describe()}")
-    if record.out_dtype:
-        parts.append(f"output {record.out_dtype}")
+    if record.out_dtypes:
+        parts.append(f"output {'+'.join(record.out_dtypes)}")
     return "; ".join(parts)
 
 
-def keep_record(run_dir: Path, record: CellRecord) -> None:
+def keep_record(run_dir: Path, record: CellRecord, command: Sequence[str]) -> None:
     """Append the record to the run folder, with the environment and the case's metadata
     (written by the first process that needs them; several pytest-xdist workers share it)."""
     from harness.measure.authoring import registry
@@ -265,7 +342,7 @@ def keep_record(run_dir: Path, record: CellRecord) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     with storage.metadata_lock(run_dir):
         if not (run_dir / storage.ENV_FILE).exists():
-            storage.write_env(run_dir, capture_environment(_COMMAND))
+            storage.write_env(run_dir, capture_environment(list(command)))
         cases = storage.read_cases(run_dir)
         if record.cell.case not in cases:
             case = registry.get(record.cell.case).metadata()

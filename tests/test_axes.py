@@ -16,7 +16,7 @@ import pytest
 
 from harness.cli.options import add_run_options, selection_from
 from harness.measure.authoring.registry import unknown_axis_values
-from harness.plugin import cell_id, expected_label
+from harness.plugin import cell_id, expected_label, parse_expect
 from harness.schema import axes
 from harness.schema.axes import AXES, AXIS, COLUMN_AXES, MODEL_AXES, Cell, Column, axes_of, axis
 from harness.schema.selection import Selection, SelectionError, check_selection
@@ -124,7 +124,7 @@ def test_a_toy_axis_shows_in_the_plugin_ids_and_expect_keys() -> None:
         "float16-spicy",
         "bfloat16-spicy",
     ]
-    expect = {"bfloat16/spicy": "raises"}
+    expect = parse_expect({"bfloat16/spicy": "raises"}, TOY_AXES)
     assert [expected_label(expect, c) for c in cells] == [None, None, None, "raises"]
 
 
@@ -137,7 +137,7 @@ def test_the_real_axes_keep_their_ids_and_flags() -> None:
     add_run_options(parser, AXES)
     flags = {a.option_strings[0] for a in parser._actions if a.option_strings}
     assert {f"--{a.name}" for a in AXES} <= flags
-    expect = {"cuda/bfloat16": "passes[drift]"}
+    expect = parse_expect({"cuda/bfloat16": "passes[drift]"})
     assert expected_label(expect, cell) == "passes[drift]"
 
 
