@@ -166,7 +166,8 @@ def version_view(frame: pd.DataFrame) -> pd.DataFrame:
     versions = sorted(upstream["torch_version"].unique(), key=release_key)
     by = ["case", "torch_version"]
     cells = upstream.groupby(by).size().to_dict()
-    repro = upstream[upstream["reproduces"].eq(True)].drop(columns="reproduces")
+    shown = upstream["reproduces"].eq(True).fillna(False).astype(bool)  # None, NA: not shown
+    repro = upstream[shown].drop(columns="reproduces")
     reproduced = repro.groupby(by).size().to_dict()
     where: dict[tuple[str, str], set[str]] = {}
     for case, version, dtype, mode in repro.drop_duplicates().itertuples(index=False):
