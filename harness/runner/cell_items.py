@@ -297,6 +297,8 @@ def cell_crashes(run_dir: Path, batches: list[list[Cell]]) -> dict[str, CrashRec
 
 
 def crashed_cell(run_dir: Path, cells: list[Cell], message: str, worker: str) -> list[CellRecord]:
+    # which of the batch's cells have a record, read from cells.jsonl: the worker that
+    # wrote them is another process, and it died (this runs only on a crash)
     recorded = {r.cell for r in storage.read_records(run_dir, problems=[])}
     running = next((cell for cell in cells if cell not in recorded), None)
     if running is None:
@@ -324,6 +326,7 @@ def timing_crashes(
 def noted_timing_crash(
     run_dir: Path, records: list[CellRecord], message: str, worker: str
 ) -> list[CellRecord]:
+    # as in crashed_cell: the dead worker's records are in cells.jsonl only
     timed = {r.cell for r in storage.read_records(run_dir, problems=[]) if r.perf}
     failure = f"the timing worker {worker} died: {message}"[: errors.MAX_MESSAGE]
     return [replace(r, timing_error=failure) for r in records if r.cell not in timed]

@@ -8,6 +8,11 @@ Two phases: correctness runs in parallel; then the cells that ran are timed with
 else on their device: each device's cells one after another (``xdist_group``: one worker
 per device on a GPU box; a run on one device times from its own process), the columns of
 one case in one forked process.
+
+Every record is appended to ``cells.jsonl`` as its cell ends (the run's source of truth,
+which ``--resume`` reads); between the phases, the records pass in memory (``Recorded``),
+read back from the file only after a phase pytest workers ran (their records reach this
+process no other way). pytest itself is started by ``harness.runner.pytest_launch``.
 """
 
 from __future__ import annotations
