@@ -14,10 +14,10 @@ import pandas as pd
 
 from harness.report import stages
 from harness.report.runs import Run as Run
-from harness.report.runs import run_columns
 from harness.report.runs import load_run as load_run
 from harness.report.runs import load_runs as load_runs
 from harness.report.runs import load_runs_for_report as load_runs_for_report
+from harness.report.runs import run_columns
 from harness.report.stages import StageFailure
 from harness.results.computed_in import ComputedIn, fix_computed_in
 from harness.results.search import release_key
@@ -239,9 +239,9 @@ def fixes_passing_everywhere(case_frame: pd.DataFrame) -> list[str]:
     """Fixes other than ``none`` whose every cell that ran passed, with no flag."""
     ran = case_frame.loc[
         (case_frame["outcome"] != Outcome.SKIPPED.value) & (case_frame["fix"] != CONTROL_FIX),
-        ["fix", "label"],
+        ["fix", "passed"],
     ]
-    passing = (ran["label"] == "passes").groupby(ran["fix"]).all()
+    passing = ran["passed"].astype(bool).groupby(ran["fix"]).all()
     return [str(fix) for fix, everywhere in passing.items() if everywhere]
 
 
@@ -278,7 +278,7 @@ def precision_by_fix(case_frame: pd.DataFrame) -> dict[str, ComputedIn | None]:
 
 #: What a recommendation reads of the frame.
 RECOMMEND_COLUMNS = list(dict.fromkeys([
-    "fix", "outcome", "label", "computed_in", "rel_err", "vs_fastest", "env", "size", "dtype",
+    "fix", "outcome", "passed", "computed_in", "rel_err", "vs_fastest", "env", "size", "dtype",
     "mode", "median_s", "peak_mem_bytes", "stage", *stages.STAGE_COLUMNS,
 ]))  # fmt: skip
 
@@ -318,22 +318,9 @@ def recommend(frame: pd.DataFrame, case: str) -> Recommendation:
     levels = precision_by_fix(mine)
     fallbacks = [f for f in candidates if levels.get(f) is ComputedIn.FALLBACK]
     in_half = [f for f in candidates if f not in fallbacks]
-    pool = in_half or fallbacks
-    judged = mine[mine["stage"] == ran[0]] if staged else mine
-    stats = (
-        judged[judged["fix"].isin(pool)]
-        .groupby("fix")
-        .agg(error=("rel_err", "median"), time=("vs_fastest", "median"))
-        .join(
-            mine[mine["fix"].isin(pool)]
-            .groupby("fix")
-            .agg(cells=("fix", "size"), envs=("env", "nunique")),
-            how="right",
-        )
-    )
-    stats["score"] = stats["error"].rank() + stats["time"].rank(na_option="bottom")
-    best = stats.sort_values(["score", "time"]).iloc[0]
-    name = str(stats.sort_values(["score", "time"]).index[0])
+    stats = fix_stats(mine, in_half or fallbacks, ran[0] if staged else None)
+    ranked = stats.sort_values(["score", "time"])
+    best, name = ranked.iloc[0], str(ranked.index[0])
     costs = tuple(fallback_cost(mine, f, name) for f in fallbacks if f != name)
     criterion = CRITERION if in_half else FALLBACK_CRITERION
     return Recommendation(
@@ -344,6 +331,28 @@ def recommend(frame: pd.DataFrame, case: str) -> Recommendation:
         costs,
         failures,
     )
+
+
+def fix_stats(case_frame: pd.DataFrame, pool: list[str], judged_stage: str | None) -> pd.DataFrame:
+    """Per fix of ``pool``: its median error and time (at ``judged_stage`` where given,
+    the first of several stages), its cells and environments, and its score (the sum of its
+    error's and its time's ranks; no time ranks last)."""
+    judged = (
+        case_frame if judged_stage is None else case_frame[case_frame["stage"] == judged_stage]
+    )
+    stats = (
+        judged[judged["fix"].isin(pool)]
+        .groupby("fix")
+        .agg(error=("rel_err", "median"), time=("vs_fastest", "median"))
+        .join(
+            case_frame[case_frame["fix"].isin(pool)]
+            .groupby("fix")
+            .agg(cells=("fix", "size"), envs=("env", "nunique")),
+            how="right",
+        )
+    )
+    stats["score"] = stats["error"].rank() + stats["time"].rank(na_option="bottom")
+    return stats
 
 
 def fallback_cost(case_frame: pd.DataFrame, fallback: str, chosen: str) -> str:

@@ -11,7 +11,6 @@ record is built per cell. A run of an older schema is read record by record
 from __future__ import annotations
 
 import dataclasses
-import json
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -116,7 +115,8 @@ VERDICT_FIELDS = ("outcome", "reproduces", "flags", "promotion", "failure_site",
                   "island", "backward_node", "compile_error", "error_type", "error_message",
                   "error_frames", "crash_kind", "fit", "notes", "leaf", "finite", "factor",
                   "decided_by", "stage", "dtype", "baseline_error", "warnings", "out_dtypes",
-                  "attn_dtypes", "settings_changes", "leaves")  # fmt: skip
+                  "attn_dtypes", "settings_changes")  # fmt: skip
+VERDICT_VALUES = operator.itemgetter(*VERDICT_FIELDS)
 #: The figures an inaccurate cell's failure line quotes (its error and tolerance).
 QUOTED_FIELDS = ("rel_err", "tolerance")
 
@@ -127,13 +127,16 @@ MAX_VERDICTS = 65_536
 
 
 def verdict_key(line: dict[str, Any]) -> str:
-    """What a line's verdict is derived from, as JSON text (so ``true``, ``1`` and ``1.0``
-    stay apart): equal keys, equal verdicts. An inaccurate cell's line quotes its error and
-    tolerance, so theirs are in its key."""
-    values = list(map(line.get, VERDICT_FIELDS))
+    """What a line's verdict is derived from, as the text of its values (``repr`` tells
+    ``true``, ``1`` and ``1.0`` apart, as JSON does): equal keys, equal verdicts. An
+    inaccurate cell's line quotes its error and tolerance, so theirs are in its key."""
+    try:  # a line the harness wrote has every field
+        values = VERDICT_VALUES(line)
+    except KeyError:
+        values = tuple(map(line.get, VERDICT_FIELDS))
     if line.get("outcome") == Outcome.INACCURATE.value:
-        values += map(line.get, QUOTED_FIELDS)
-    return json.dumps(values)
+        values += tuple(map(line.get, QUOTED_FIELDS))
+    return repr(values)
 
 
 def line_verdicts(parsed: ParsedRun) -> list[tuple[Any, ...]]:

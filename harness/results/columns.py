@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import json.scanner
 import re
 import typing
 from collections.abc import Callable, Iterable
 from dataclasses import MISSING, dataclass
 from itertools import compress
-from operator import methodcaller
+from operator import itemgetter, methodcaller
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from harness.schema.axes import Cell
 from harness.schema.records import (
     NESTED,
     CellRecord,
+    Numerics,
     launch_bound,
     plain_field_names,
 )
@@ -80,6 +82,13 @@ def field_checks() -> tuple[FieldCheck, ...]:
 
 
 FIELD_CHECKS = field_checks()
+#: The fields of a numerics object of one output leaf (``leaves``).
+LEAF_CHECKS = tuple(
+    FieldCheck(f.name, hint, f.name in dict(number_fields(Numerics)), None, False, f.default)
+    for f, hint in zip(
+        dataclasses.fields(Numerics), typing.get_type_hints(Numerics).values(), strict=True
+    )
+)
 #: The fields read as columns beside the plain ones (each checked with its record).
 TYPED_COLUMNS = ("flags", "outcome")
 
@@ -117,13 +126,20 @@ class ParsedRun:
 
 def parsed_run(run_dir: Path) -> ParsedRun | None:
     """The run's lines as columns, or None where this reader does not vouch for every line
-    (see the module's docstring): then the run is to be read record by record."""
+    (see the module's docstring) or there is none: then the run is to be read record by
+    record."""
     lines = decoded_lines(run_dir / CELLS_FILE)
-    if lines is None or not of_schema(lines, COLUMNAR_SCHEMA):
+    if not lines or not of_schema(lines, COLUMNAR_SCHEMA):
         return None
-    checked = {check.name: checked_column(lines, check) for check in FIELD_CHECKS}
-    columns = {name: values for name, values in checked.items() if values is not None}
-    if len(columns) < len(checked):
+    found = field_columns(lines)
+    present = {marker: [v is not None for v in found[marker]] for _, marker in NESTED.values()}
+    columns = {}
+    for check in FIELD_CHECKS:
+        values = checked_column(found[check.name], check, present.get(check.marker or ""))
+        if values is None:
+            return None
+        columns[check.name] = values
+    if not leaves_fit(list(map(methodcaller("get", "leaves"), lines))):
         return None
     cells = list(zip(*(columns[f.name] for f in dataclasses.fields(Cell)), strict=True))
     if ID_PUNCTUATION.search("".join(set().union(*cells))):
@@ -139,23 +155,49 @@ def parsed_run(run_dir: Path) -> ParsedRun | None:
     return ParsedRun(latest, columns, lines, kept)
 
 
+def field_columns(lines: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Every plain field's values over the lines, as they are (a cell's field that a line
+    leaves out: its default)."""
+    names = tuple(check.name for check in FIELD_CHECKS)
+    try:  # a line the harness wrote has every field: one pass in C
+        rows = map(itemgetter(*names), lines)
+        return dict(zip(names, map(list, zip(*rows, strict=True)), strict=True))
+    except KeyError:
+        return {
+            c.name: list(map(methodcaller("get", c.name, c.default), lines)) for c in FIELD_CHECKS
+        }
+
+
+#: Reads one JSON value from a position of a text: what ``json.loads`` runs, without its
+#: checks of what it was given (a line, here, is always text).
+SCAN = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+#: What JSON takes for whitespace around a value.
+JSON_SPACE = b" \t\r"
+
+
 def decoded_lines(path: Path) -> list[dict[str, Any]] | None:
     """Each non-blank line of ``path`` as the JSON parser reads it; None for a file that
-    cannot be read, a line that is not UTF-8 or JSON or is too long, or a half surrogate
-    escape anywhere."""
+    cannot be read, a line that is not UTF-8 or not one JSON value or is too long, or a
+    half surrogate escape anywhere."""
     try:
         data = path.read_bytes()
     except OSError:
         return None
     if b"\\u" in data and SURROGATE_ESCAPE.search(data):
         return None
-    raw = [line for line in data.split(b"\n") if line.strip()]
+    raw = [line.strip(JSON_SPACE) for line in data.split(b"\n") if line.strip()]
     if raw and max(map(len, raw)) > MAX_LINE_BYTES:
         return None
+    values = []
     try:
-        return list(map(json.loads, map(bytes.decode, raw)))
-    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        for text in map(bytes.decode, raw):
+            value, end = SCAN(text, 0)
+            if end != len(text):
+                return None
+            values.append(value)
+    except (StopIteration, ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return None
+    return values
 
 
 def of_schema(lines: list[Any], version: int) -> bool:
@@ -166,20 +208,39 @@ def of_schema(lines: list[Any], version: int) -> bool:
     return set(map(type, versions)) <= {int} and set(versions) <= {version}
 
 
-def checked_column(lines: list[dict[str, Any]], check: FieldCheck) -> list[Any] | None:
-    """The field's values over the lines (non-finite numbers as floats), or None where one
-    does not have its declared type (in a line that has the field's sub-record)."""
-    values = list(map(methodcaller("get", check.name, check.default), lines))
-    if check.numbers:
-        values = readable_numbers(values, check.hint)
-    if check.marker is None:
-        present: Iterable[Any] = values
-    else:
-        markers = map(methodcaller("get", check.marker), lines)
-        present = list(compress(values, (m is not None for m in markers)))
+def checked_column(
+    values: list[Any], check: FieldCheck, present: list[bool] | None
+) -> list[Any] | None:
+    """The field's values (non-finite numbers as floats), or None where one does not have
+    its declared type (in a line where its sub-record is ``present``)."""
     if check.cell_name:  # a name, never empty
         return values if set(map(type, values)) <= {str} and all(values) else None
-    return values if _fits(present, check.hint) else None
+    if check.numbers:
+        values = readable_numbers(values, check.hint)
+    return (
+        values
+        if _fits(values if present is None else compress(values, present), check.hint)
+        else None
+    )
+
+
+def leaves_fit(leaves: list[Any]) -> bool:
+    """Whether each line's ``leaves`` (an object of each output leaf's numerics, or none)
+    holds what a record reads: each leaf's fields, and none other, with their types."""
+    given = [value for value in leaves if value]  # a record reads any other as none
+    if set(map(type, given)) - {dict}:
+        return False
+    numerics = [leaf for value in given for leaf in value.values()]
+    if set(map(type, numerics)) - {dict}:
+        return False
+    names = {check.name for check in LEAF_CHECKS}
+    required = {check.name for check in LEAF_CHECKS if check.default is MISSING}
+    if not all(required <= leaf.keys() <= names for leaf in numerics):
+        return False
+    return all(
+        checked_column([leaf.get(c.name, c.default) for leaf in numerics], c, None) is not None
+        for c in LEAF_CHECKS
+    )
 
 
 def _fits(values: Iterable[Any], hint: Any) -> bool:
