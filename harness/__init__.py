@@ -2,7 +2,8 @@
 
 The authoring API for cases is importable from here::
 
-    from harness import Case, FailureSignature, RunContext, Size, Upstream, Workload, fix, register
+    from harness import Case, FailureSignature, RunContext, Size, Symptom, Upstream, Workload
+    from harness import fix, register
 
 The names load on first use, so ``harness.report`` (which never imports torch) stays light.
 """
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
         FailureSignature,
         RunContext,
         Size,
+        Symptom,
         Upstream,
         Workload,
         fix,
@@ -33,6 +35,7 @@ AUTHORING_API = {
     "FailureSignature": "measure",
     "RunContext": "measure",
     "Size": "measure",
+    "Symptom": "measure",
     "Upstream": "measure",
     "Workload": "measure",
     "fix": "measure",
@@ -45,6 +48,7 @@ __all__ = [
     "FailureSignature",
     "RunContext",
     "Size",
+    "Symptom",
     "Upstream",
     "Workload",
     "check_model",

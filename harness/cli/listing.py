@@ -10,13 +10,21 @@ from harness.cli.options import add_cases_dir
 from harness.schema.axes import EAGER, MODES
 
 if TYPE_CHECKING:
-    from harness.measure.authoring.case import Case
+    from harness.measure.authoring.case import Case, FailureSignature
 
 HELP = "list cases, fixes, axes, upstream links"
 
 
 def fill(parser: argparse.ArgumentParser) -> None:
     add_cases_dir(parser)
+
+
+def failure_text(failure: FailureSignature) -> str:
+    """A known failure in one line: ``RuntimeError: /regex/``, its silent symptoms, or both."""
+    parts = [f"{failure.error_type}: /{failure.message}/"] if failure.raised else []
+    if failure.silent:
+        parts.append("silent: " + ", ".join(symptom.value for symptom in failure.silent))
+    return "; ".join(parts)
 
 
 def describe_case(case: Case) -> list[str]:
@@ -30,7 +38,7 @@ def describe_case(case: Case) -> list[str]:
     if up.url:
         lines.append(f"  link:     {up.url}")
     lines += [
-        *(f"  failure:  {f.error_type}: /{f.message}/" for f in case.known_failures),
+        *(f"  failure:  {failure_text(f)}" for f in case.known_failures),
         f"  devices:  {', '.join(case.devices)}   dtypes: {', '.join(case.dtypes)}",
         f"  modes:    {', '.join(case.modes)}   backends: {', '.join(case.backends)}",
     ]

@@ -16,6 +16,7 @@ SURFACE = {
     "FailureSignature": "authoring.case",
     "RunContext": "authoring.case",
     "Size": "authoring.case",
+    "Symptom": "authoring.case",
     "Upstream": "authoring.case",
     "Workload": "authoring.case",
     "fix": "authoring.case",

@@ -6,7 +6,8 @@ The runs of the two nights are paired by environment and compared cell by cell b
 :func:`~harness.report.compare.compare_runs`); each change it finds is judged here as one
 of :class:`Judgement`:
 
-- **expected**: tonight the cell reproduces its case's known failure (``raises:repro``) on
+- **expected**: tonight the cell reproduces its case's known failure (raised, ``raises:repro``, or
+  silent: its declared symptom shown) on
   the case's upstream code path (fix ``none``) in a low-precision mode. That failure is
   what the case exists to show, and whether a release or a GPU shows it (the kernel it
   picks, flash-attn installed or not) is the finding, not a fault of the night.
