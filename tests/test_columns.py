@@ -197,3 +197,24 @@ def test_a_verdict_record_that_cannot_be_read_sends_the_run_record_by_record(
     monkeypatch.setattr(CellRecord, "from_dict", refuse)
     loaded = runs.load_rows(run_dir)
     assert loaded.problems and all(":" in p for p in loaded.problems)
+
+
+def test_speed_on_columns_follows_the_records_rules(tmp_path: Path) -> None:
+    """Launch-bound cells judged by their device time, and a control of another backend
+    standing in where a cell's own backend has none: the same ratios as the records'."""
+    run_dir = current_schema_copy(DATA / "torch-2.13.0", tmp_path / "run")
+    path = run_dir / storage.CELLS_FILE
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    timed = [line for line in lines if line["time_median_s"] is not None]
+    for line in timed[::3]:
+        line["device_time_s"] = line["time_median_s"] / 4  # launch-bound
+    for line in timed[1::3]:
+        line["device_time_s"] = line["time_median_s"] / 1.5  # not launch-bound
+    controls = [line for line in timed if line["mode"] == "fp32" and line["fix"] == "none"]
+    assert controls
+    controls[0]["backend"] = "eager" if controls[0]["backend"] != "eager" else "sdpa"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    expected = runs.run_columns(runs.load_run(run_dir))
+    assert columns.parsed_run(run_dir) is not None
+    assert not differences(runs.load_rows(run_dir).rows or {}, expected)
+    assert {True, False} <= set(expected["launch_bound"])
