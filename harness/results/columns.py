@@ -18,8 +18,9 @@ import json
 import json.scanner
 import re
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass
+from functools import cached_property
 from itertools import compress
 from operator import itemgetter, methodcaller
 from pathlib import Path
@@ -60,6 +61,21 @@ class FieldCheck:
     cell_name: bool = False
     #: What a cell's field holds when the line leaves it out (None: it must be there).
     default: Any = None
+
+    @cached_property
+    def fit(self) -> Callable[[Any, str], str | None]:
+        """Why a value does not have the field's type (None where it does)."""
+        return compiled(self.hint)
+
+    @cached_property
+    def exact(self) -> frozenset[type]:
+        """The types whose values fit by their type alone (none for a list)."""
+        return frozenset(getattr(self.fit, "exact_types", frozenset()))
+
+    @cached_property
+    def many(self) -> bool:
+        """The field holds a list."""
+        return typing.get_origin(self.hint) in (list, tuple)
 
 
 def field_checks() -> tuple[FieldCheck, ...]:
@@ -216,12 +232,11 @@ def checked_column(
     if check.cell_name:  # a name, never empty
         return values if set(map(type, values)) <= {str} and all(values) else None
     if check.numbers:
-        values = readable_numbers(values, check.hint)
-    return (
-        values
-        if _fits(values if present is None else compress(values, present), check.hint)
-        else None
-    )
+        values = readable_numbers(values, check.many)
+    checked = values if present is None else list(compress(values, present))
+    if check.exact and set(map(type, checked)) <= check.exact:  # one pass in C
+        return values
+    return values if all(check.fit(value, "") is None for value in checked) else None
 
 
 def leaves_fit(leaves: list[Any]) -> bool:
@@ -235,29 +250,19 @@ def leaves_fit(leaves: list[Any]) -> bool:
         return False
     names = {check.name for check in LEAF_CHECKS}
     required = {check.name for check in LEAF_CHECKS if check.default is MISSING}
-    if not all(required <= leaf.keys() <= names for leaf in numerics):
+    if not all(required <= set(shape) <= names for shape in set(map(tuple, numerics))):
         return False
     return all(
-        checked_column([leaf.get(c.name, c.default) for leaf in numerics], c, None) is not None
+        checked_column(list(map(methodcaller("get", c.name, c.default), numerics)), c, None)
+        is not None
         for c in LEAF_CHECKS
     )
 
 
-def _fits(values: Iterable[Any], hint: Any) -> bool:
-    """Whether every value has the declared type: one pass over their types where the type
-    alone decides, else each value's own check."""
-    fit: Callable[[Any, str], str | None] = compiled(hint)
-    exact: frozenset[type] = getattr(fit, "exact_types", frozenset())
-    values = list(values)
-    if exact and set(map(type, values)) <= exact:
-        return True
-    return all(fit(value, "") is None for value in values)
-
-
-def readable_numbers(values: list[Any], hint: Any) -> list[Any]:
-    """A number field's values with ``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` as floats
-    (in a list of numbers too)."""
-    if typing.get_origin(hint) in (list, tuple):
+def readable_numbers(values: list[Any], many: bool) -> list[Any]:
+    """A number field's values (``many``: lists of numbers) with ``"NaN"``, ``"Infinity"``
+    and ``"-Infinity"`` as floats."""
+    if many:
         return [
             [number_from(v) for v in value]
             if isinstance(value, list) and str in set(map(type, value))
