@@ -110,7 +110,10 @@ def device_names(env: Environment, devices: Sequence[str]) -> list[str]:
     return [named[device] for device in devices]
 
 
-#: The JSON fields a row's verdict is derived from (see :func:`verdict_key`).
+#: The JSON fields a row's verdict is derived from (see :func:`verdict_key`): every field
+#: that :func:`verdict_values` reads, and every field a record builds from more than its
+#: own value (checked by building the record of a key's first line), but ``leaves``
+#: (checked as columns: their figures differ from line to line).
 VERDICT_FIELDS = ("outcome", "reproduces", "flags", "promotion", "failure_site", "compute_dtypes",
                   "island", "backward_node", "compile_error", "error_type", "error_message",
                   "error_frames", "crash_kind", "fit", "notes", "leaf", "finite", "factor",

@@ -6,9 +6,10 @@ Only what this reader can vouch for is read so: a run whose every line is a JSON
 of schema :data:`COLUMNAR_SCHEMA` whose plain fields (names, numbers, figures) have their
 types. Anything else (a line cut short, not UTF-8, of an older schema, a field of the wrong
 type) makes :func:`parsed_run` answer None, and the caller reads the run record by record
-(``harness.results.storage``), which names each problem with its file and line. The
-fields built from more than their own value (flags, notes, the trail, a fit) are checked
-by the reader of the columns, once per distinct value (``harness.report.rows``).
+(``harness.results.storage``), which names each problem with its file and line. An
+output's leaves are checked here too; the fields built from more than their own value
+(flags, notes, the trail, a fit) are checked by the reader of the columns, by building one
+record per distinct set of their values (``harness.report.rows``).
 """
 
 from __future__ import annotations
