@@ -385,7 +385,7 @@ def contained(
     names join ``sys.path`` only for the test, the size limits are small, and a report
     without ``--out`` goes to the test's own ``reports/``."""
     monkeypatch.setattr(plots, "error_vs_time", lambda *args: None)
-    monkeypatch.setattr(runner, "run_cells", lambda run_dir, plan, config: run_dir)
+    monkeypatch.setattr(runner, "run_cells", lambda run_dir, *_: run_dir)
     monkeypatch.setattr(storage, "MAX_LINE_BYTES", LINE_LIMIT)
     monkeypatch.setattr(storage, "MAX_FILE_BYTES", FILE_LIMIT)
     monkeypatch.setattr(sys, "path", list(sys.path))
