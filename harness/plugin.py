@@ -240,7 +240,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     spec: ModelTest | None = getattr(metafunc.function, MARK, None)
     if spec is None:
         return
-    from harness.measure.authoring.model_case import case_name
+    from harness.measure.authoring.model_targets import case_name
     from harness.runner.matrix import expand
 
     case = spec.case(case_name(metafunc.function.__name__), str(metafunc.definition.path))
