@@ -20,7 +20,7 @@ from harness.results import storage
 from harness.results.search import reproduction_label
 from harness.results.versions import render_bisect
 from harness.schema.axes import Cell
-from harness.schema.records import DRIFT, CellRecord, Flag, Numerics, Outcome
+from harness.schema.records import CellRecord, Flag, FlagKind, Numerics, Outcome
 from tests.conftest import harness, only_run_dir
 
 RAISED = FailureSignature("RuntimeError", r"mat1 and mat2 must have the same dtype")
@@ -55,7 +55,7 @@ def record(
     reproduced: bool | None = None,
 ) -> CellRecord:
     """A ``none`` cell in float16 ``half`` with the given verdict and evidence."""
-    flags = (Flag(DRIFT, "matmul computed in float32", 1.0),) if drift else ()
+    flags = (Flag(FlagKind.DRIFT, "matmul computed in float32", 1.0),) if drift else ()
     error_type, message = error or (None, None)
     return CellRecord(
         Cell("c", "none", "cpu", "float16", "half", "eager"),

@@ -61,7 +61,9 @@ def test_a_function_without_custom_fwd_passes_forward_and_raises_in_backward(
         # the trail names the backward's matmul, in the case's own code, and what met there
         assert trained.trail is not None and trained.trail.failure_site is not None
         failure = trained.trail.failure_site.describe()
-        assert "aten::mm" in failure and f"custom_function_autocast.py:{REFUSED}" in failure, failure
+        assert "aten::mm" in failure and f"custom_function_autocast.py:{REFUSED}" in failure, (
+            failure
+        )
 
 
 def test_its_fixes_train_and_every_gradient_is_judged(

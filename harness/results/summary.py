@@ -18,6 +18,7 @@ from harness.schema.axes import (
     rank,
     CONTROL_FIX,
 )
+from harness.schema.devices import CPU, device_kind
 from harness.schema.gpus import environment_label
 from harness.schema.records import LABELS, CellRecord, NoteKind, Outcome, outcome_label
 
@@ -269,7 +270,7 @@ def render_summary(records: Sequence[CellRecord], names: DeviceNames | None = No
         speed = case_table(mine, by_speed, names)
         if speed:
             lines += ["  time per call" + SPEED_LEGEND, *("  " + row for row in speed)]
-            on_cpu = any(r.perf and r.cell.device == "cpu" for r in mine)
+            on_cpu = any(r.perf and device_kind(r.cell.device) == CPU for r in mine)
             lines += [CPU_SPEED_NOTE, ""] if on_cpu else [""]
     counts = Counter(r.outcome.value for r in records)
     lines.append("outcomes: " + ", ".join(f"{n} {o}" for o, n in sorted(counts.items())))

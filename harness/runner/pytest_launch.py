@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.results import storage
 from harness.schema.axes import Cell
-from harness.schema.devices import CUDA, known_device
+from harness.schema.devices import CPU, CUDA, device_kind, known_device
 from harness.schema.records import CellRecord
 
 if TYPE_CHECKING:  # pytest is imported where workers run the cells
@@ -45,7 +45,7 @@ def worker_count(workers: str, batches: Sequence[Sequence[Cell]]) -> int:
     if workers != "auto":
         return max(0, min(int(workers), len(batches)))
     gpus = len({b[0].device for b in batches if on_gpu(b[0].device)})
-    cpu_batches = sum(b[0].device == "cpu" for b in batches)
+    cpu_batches = sum(device_kind(b[0].device) == CPU for b in batches)
     cpu_workers = min(cpu_batches, max(1, (os.cpu_count() or 1) - gpus))
     wanted = gpus + cpu_workers
     return wanted if wanted > 1 else 0

@@ -38,6 +38,7 @@ from harness.schema.axes import (
     SMALL_SIZE,
     Cell,
 )
+from harness.schema.devices import DEVICE_KINDS
 from harness.schema.run_files import CaseInfo
 
 
@@ -284,7 +285,7 @@ class Case:
     #: in the cell's dtype on the cell's device (mode ``half``) it is the plain low-precision
     #: baseline.
     reference_fix: ClassVar[str] = ""
-    devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
+    devices: ClassVar[tuple[str, ...]] = DEVICE_KINDS
     dtypes: ClassVar[tuple[str, ...]] = LOW_PRECISION_DTYPES
     modes: ClassVar[tuple[str, ...]] = ("half", CONTROL_MODE)
     backends: ClassVar[tuple[str, ...]] = ("sdpa",)

@@ -22,9 +22,10 @@ from typing import Any
 import torch
 
 from harness.measure.host import caches
+from harness.schema.devices import CPU, DEVICE_KINDS
 from harness.schema.records import Note, NoteKind, SettingChange
 
-AUTOCAST_DEVICES = ("cpu", "cuda")
+AUTOCAST_DEVICES = DEVICE_KINDS
 #: The thread count: each worker sets it on purpose, so a worker's change of it is not news.
 THREADS = "threads"
 
@@ -51,7 +52,7 @@ def autocast_settings(device: str) -> list[Setting]:
                 lambda dtype: torch.set_autocast_dtype(device, dtype),
             ),
         ]
-    if device == "cpu":
+    if device == CPU:
         return [
             Setting(
                 "autocast(cpu)", torch.is_autocast_cpu_enabled, torch.set_autocast_cpu_enabled

@@ -34,10 +34,12 @@ from harness.measure.running.fitting import FitRun, fit_figures, shortfall_numer
 from harness.measure.running.fix_run import FixRun, context_for, run_fix_checked
 from harness.measure.running.kinks import crossings, sides
 from harness.schema.axes import CONTROL_DTYPE, EAGER, Cell
+from harness.schema.devices import CUDA, device_kind
+from harness.schema.kernel_kinds import MATMUL
 from harness.schema.records import (
-    DRIFT,
     CellRecord,
     CrashKind,
+    FlagKind,
     Note,
     NoteKind,
     Numerics,
@@ -95,7 +97,8 @@ def reproduces(case: Case, record: CellRecord, error: BaseException | None = Non
 def symptoms_shown(record: CellRecord) -> frozenset[Symptom]:
     """The silent symptoms a cell that ran shows: an output not finite, or finite and
     beyond its tolerance (``inaccurate``), and a ``drift`` flag (computed wider)."""
-    shown = {Symptom.WIDER_DTYPE} if any(f.kind == DRIFT for f in record.flags) else set()
+    drift = any(f.kind is FlagKind.DRIFT for f in record.flags)
+    shown = {Symptom.WIDER_DTYPE} if drift else set()
     numerics = record.numerics
     if record.outcome is Outcome.INACCURATE and numerics is not None:
         shown.add(Symptom.BEYOND_YARDSTICK if numerics.finite else Symptom.NON_FINITE)
@@ -339,9 +342,9 @@ def yardsticks(case: Case, cell: Cell, piece: Workpiece, trail: Trail | None) ->
 
 def tf32_setting(cell: Cell, trail: Trail | None) -> str | None:
     """The setting that makes a float32 cell's GPU matmuls or convolutions TF32, or None."""
-    if cell.dtype != CONTROL_DTYPE or torch.device(cell.device).type != "cuda":
+    if cell.dtype != CONTROL_DTYPE or device_kind(cell.device) != CUDA:
         return None
-    if trail is not None and "matmul" not in trail.compute_dtypes:
+    if trail is not None and MATMUL not in trail.compute_dtypes:
         return None
     precision = torch.get_float32_matmul_precision()
     if precision != "highest":  # what torch.backends.cuda.matmul.allow_tf32 sets
