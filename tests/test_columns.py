@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from harness.report import runs
+from harness.report import rows, runs
 from harness.report.rows import ROW_COLUMNS, VERDICT_FIELDS
 from harness.results import columns, storage
 from harness.schema.records import NESTED, CellRecord, MalformedRecord, plain_field_names
@@ -50,9 +50,21 @@ def differences(got: dict[str, list[Any]], expected: dict[str, list[Any]]) -> li
     ]
 
 
+@pytest.fixture(params=["orjson", "json"])
+def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test of this name runs with orjson, and with the standard library's parser that
+    stands in where orjson is not installed."""
+    if request.param == "json":
+        monkeypatch.setattr(columns, "orjson", None)
+        monkeypatch.setattr(rows, "orjson", None)
+    elif columns.orjson is None:
+        pytest.skip("orjson is not installed")
+    return str(request.param)
+
+
 @pytest.mark.parametrize("source", STORED, ids=[s.name for s in STORED])
 def test_a_stored_run_reads_as_columns_into_the_rows_of_its_records(
-    source: Path, tmp_path: Path
+    source: Path, tmp_path: Path, parser: str
 ) -> None:
     run_dir = current_schema_copy(source, tmp_path / source.name)
     assert columns.parsed_run(run_dir) is not None, "the current schema is read as columns"
@@ -150,7 +162,7 @@ def test_a_line_the_columns_cannot_vouch_for_is_named_as_today(
         assert loaded.problems[0].startswith(f"{cells}:{number}: ")
 
 
-def test_a_broken_line_is_named_with_its_file_and_line(tmp_path: Path) -> None:
+def test_a_broken_line_is_named_with_its_file_and_line(tmp_path: Path, parser: str) -> None:
     run_dir = current_schema_copy(DATA / "torch-2.13.0", tmp_path / "run")
     with (run_dir / storage.CELLS_FILE).open("a") as cells:
         cells.write('{"schema_version": 5, "case": \n')
@@ -177,7 +189,7 @@ def test_a_later_line_of_a_cell_supersedes_the_earlier(tmp_path: Path) -> None:
     assert [parsed.read[i] for i in parsed.kept] == parsed.lines
 
 
-def test_a_non_finite_number_is_read_as_a_float(tmp_path: Path) -> None:
+def test_a_non_finite_number_is_read_as_a_float(tmp_path: Path, parser: str) -> None:
     run_dir = current_schema_copy(DATA / "patterns-torch-2.13.0", tmp_path / "run")
     assert '"NaN"' in (run_dir / storage.CELLS_FILE).read_text()
     rows = runs.load_rows(run_dir).rows or {}

@@ -15,7 +15,7 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
-from harness.results.columns import ParsedRun
+from harness.results.columns import ParsedRun, orjson
 from harness.results.computed_in import computed_in
 from harness.results.speed import SpeedRatios, column_speed_ratios
 from harness.results.summary import failure_line
@@ -125,21 +125,22 @@ QUOTED_FIELDS = ("rel_err", "tolerance")
 
 #: A record per distinct verdict key seen by this process, its verdict's values (kept
 #: across the runs of a report: a nightly's runs repeat their verdicts release after release).
-_VERDICTS: dict[str, tuple[Any, ...]] = {}
+_VERDICTS: dict[str | bytes, tuple[Any, ...]] = {}
 MAX_VERDICTS = 65_536
 
 
-def verdict_key(line: dict[str, Any]) -> str:
-    """What a line's verdict is derived from, as the text of its values (``repr`` tells
-    ``true``, ``1`` and ``1.0`` apart, as JSON does): equal keys, equal verdicts. An
-    inaccurate cell's line quotes its error and tolerance, so theirs are in its key."""
+def verdict_key(line: dict[str, Any]) -> str | bytes:
+    """What a line's verdict is derived from, as the text of its values (JSON again by
+    orjson where installed, else ``repr``: both tell ``true``, ``1`` and ``1.0`` apart, as
+    JSON does): equal keys, equal verdicts. An inaccurate cell's line quotes its error and
+    tolerance, so theirs are in its key."""
     try:  # a line the harness wrote has every field
         values = VERDICT_VALUES(line)
     except KeyError:
         values = tuple(map(line.get, VERDICT_FIELDS))
     if line.get("outcome") == Outcome.INACCURATE.value:
         values += tuple(map(line.get, QUOTED_FIELDS))
-    return repr(values)
+    return repr(values) if orjson is None else orjson.dumps(values)
 
 
 def line_verdicts(parsed: ParsedRun) -> list[tuple[Any, ...]]:
