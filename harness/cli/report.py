@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.cli.output import existing_run_dir, warn
 from harness.results import storage
+
+if TYPE_CHECKING:
+    from harness.report.aggregate import Run
+    from harness.report.drawing import Drawing
 
 HELP = "render one HTML report over one or more runs"
 
@@ -42,6 +47,20 @@ def default_report_path(run_dirs: Sequence[Path]) -> Path:
 
 def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from harness.report.aggregate import load_run, load_runs_for_report
+    from harness.report.drawing import Drawing
+
+    # forked with pandas imported (the figures' points are frames): it imports matplotlib
+    # while the runs are read and the tables built
+    with Drawing() as drawing:
+        return report_command(args, drawing, load_run, load_runs_for_report)
+
+
+def report_command(
+    args: argparse.Namespace,
+    drawing: Drawing,
+    load_run: Callable[[Path], Run],
+    load_runs_for_report: Callable[[list[Path]], list[Run]],
+) -> int:
     from harness.report.compare import compare_runs
     from harness.report.writing import render_report, write_report
 
@@ -56,7 +75,7 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         base = load_run(existing_run_dir(args.baseline))
         comparison = compare_runs(base, load_run(existing_run_dir(args.run_dirs[-1])))
     warn([p for loaded in runs for p in loaded.problems])
-    print(f"report: {write_report(render_report(runs, comparison), out)}")
+    print(f"report: {write_report(render_report(runs, comparison, drawing), out)}")
     if args.markdown:
         from harness.report.markdown import render_markdown
 

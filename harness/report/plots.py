@@ -1,8 +1,8 @@
 """Plots for the report (matplotlib, Agg), returned as inline ``data:`` PNG URIs.
 
-matplotlib is imported when a plot is drawn (a quarter to half a second): a report with no
-timed cell never imports it, and one with plots draws them in a process of its own while
-it computes its tables (:class:`Drawing`).
+matplotlib is imported when a plot is drawn (a quarter to half a second), in the report's
+drawing process (:class:`harness.report.drawing.Drawing`), which imports it while the
+report reads its runs and builds its tables.
 """
 
 from __future__ import annotations
@@ -11,19 +11,12 @@ import base64
 import io
 import itertools
 import math
-import multiprocessing
-import sys
 from collections.abc import Sequence
-from contextlib import suppress
-from types import TracebackType
 from typing import TYPE_CHECKING
 
 import pandas as pd
 
 if TYPE_CHECKING:
-    from multiprocessing.connection import Connection
-    from multiprocessing.process import BaseProcess
-
     from matplotlib.figure import Figure
 
 Colour = tuple[float, float, float]
@@ -101,68 +94,10 @@ def plotted(case_frame: pd.DataFrame) -> pd.DataFrame:
 Job = tuple[pd.DataFrame, set[str]]
 
 
-class Drawing:
-    """``error_vs_time`` of each job (a case's points and the fixes that pass everywhere),
-    drawn in a forked process while the report computes its tables: matplotlib's import
-    and a first figure take half a second, a larger figure more. Where the platform cannot
-    fork, or nothing is to be drawn, the figures are drawn here when asked for."""
-
-    def __init__(self, jobs: list[Job]) -> None:
-        self.jobs = jobs
-        self.process: BaseProcess | None = None
-        self.receiver: Connection | None = None
-
-    def __enter__(self) -> Drawing:
-        drawn = any(not points.empty for points, _ in self.jobs)
-        if drawn and "fork" in multiprocessing.get_all_start_methods():
-            context = multiprocessing.get_context("fork")
-            self.receiver, sender = context.Pipe(duplex=False)
-            for stream in (sys.stdout, sys.stderr):  # or the process writes them out again
-                stream.flush()
-            self.process = context.Process(target=draw_into, args=(sender, self.jobs))
-            self.process.start()
-            sender.close()
-        return self
-
-    def figures(self) -> list[str | None]:
-        """The figures, in the order of the jobs. Where the drawing process failed they are
-        drawn here, so that its error is raised here, as without a process."""
-        drawn = None
-        if self.receiver is not None and self.process is not None:
-            with suppress(EOFError):
-                drawn = self.receiver.recv()
-            self.process.join()
-            self.stop()
-        if drawn is None:
-            drawn = [error_vs_time(points, passing) for points, passing in self.jobs]
-        return drawn
-
-    def stop(self) -> None:
-        """Ends the drawing process, finished or not (a report that failed)."""
-        if self.process is not None:
-            if self.process.is_alive():
-                self.process.terminate()
-            self.process.join()
-        if self.receiver is not None:
-            self.receiver.close()
-        self.receiver = self.process = None
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-
-def draw_into(sender: Connection, jobs: list[Job]) -> None:
-    """In the drawing process: send the figures, or None if drawing failed."""
-    figures: list[str | None] | None = None
-    with suppress(Exception):
-        figures = [error_vs_time(points, passing) for points, passing in jobs]
-    sender.send(figures)
-    sender.close()
+def warm_up() -> None:
+    """Import what drawing a figure needs (a quarter to half a second), ahead of the jobs."""
+    import matplotlib.figure
+    import matplotlib.ticker  # noqa: F401
 
 
 def marker_groups(points: pd.DataFrame) -> tuple[str, str]:

@@ -29,6 +29,7 @@ from harness.report.case_tables import (
     trails,
 )
 from harness.report.compare import Comparison
+from harness.report.drawing import Drawing
 from harness.report.grouping import Environments
 from harness.report.views import (
     LEGEND,
@@ -275,10 +276,14 @@ def report_view(runs: Sequence[Run], comparison: Comparison | None = None) -> Re
 
 
 def report_view_while(
-    runs: Sequence[Run], comparison: Comparison | None, meanwhile: Callable[[], T]
+    runs: Sequence[Run],
+    comparison: Comparison | None,
+    meanwhile: Callable[[], T],
+    drawing: Drawing | None = None,
 ) -> tuple[ReportView, T]:
     """The report's view, and what ``meanwhile`` gave, called while the plots are drawn
-    (in a process of their own, as the tables are built)."""
+    (in ``drawing``'s process, started by the caller before it read the runs, or started
+    here, as the tables are built)."""
     frame = aggregate.records_frame(runs)
     problems = [p for run in runs for p in run.problems]
     metadata = case_metadata(runs, problems)
@@ -290,10 +295,11 @@ def report_view_while(
         for sizes, fixes in zip(wanted, passing, strict=True)
         for _, points in sizes
     ]
-    with plots.Drawing(jobs) as drawing:  # drawn while the tables are computed
+    with drawing or Drawing() as drawer:  # drawn while the tables are computed
+        drawer.give(jobs)
         view = tables(runs, frame, problems, cases, metadata)
         given = meanwhile()
-        figures = iter(drawing.figures())
+        figures = iter(drawer.figures())
     with_plots = [
         replace(case, plots=[(size, next(figures)) for size, _ in sizes])
         for case, sizes in zip(view.cases, wanted, strict=True)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from harness.report.aggregate import Run
     from harness.report.compare import Comparison
+    from harness.report.drawing import Drawing
     from harness.report.views import ReportView
 
 
@@ -48,12 +49,15 @@ def report_html(view: ReportView, template: jinja2.Template | None = None) -> st
     return template.render(**{f.name: getattr(view, f.name) for f in fields(view)})
 
 
-def render_report(runs: Sequence[Run], comparison: Comparison | None = None) -> str:
+def render_report(
+    runs: Sequence[Run], comparison: Comparison | None = None, drawing: Drawing | None = None
+) -> str:
     """The report's HTML. The cyclic garbage collector is paused meanwhile: building the
     tables makes no garbage cycles worth collecting, and its walks over a large report's
-    objects took a tenth of its time. The template is compiled while the plots are drawn."""
+    objects took a tenth of its time. The template is compiled while the plots are drawn
+    (by ``drawing``, where the caller started it before reading the runs)."""
     with storage.paused_gc():
-        view, template = report_view_while(runs, comparison, meanwhile=report_template)
+        view, template = report_view_while(runs, comparison, report_template, drawing)
         return report_html(view, template)
 
 
