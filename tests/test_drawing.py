@@ -14,7 +14,8 @@ from harness.report.drawing import Drawing
 def points(n: int) -> pd.DataFrame:
     return pd.DataFrame(
         {
-            "row": [f"fix{i % 3}" for i in range(n)],
+            "row": [f"fix{i % 3} [sdpa]" for i in range(n)],
+            "fix": [f"fix{i % 3}" for i in range(n)],
             "env": ["torch 2.13.0 · cpu"] * n,
             "device": ["cpu"] * n,
             "rel_err": [1e-3 * (i + 1) for i in range(n)],

@@ -169,9 +169,9 @@ def version_view(frame: pd.DataFrame) -> pd.DataFrame:
     shown = upstream["reproduces"].eq(True).fillna(False).astype(bool)  # None, NA: not shown
     repro = upstream[shown].drop(columns="reproduces")
     reproduced = repro.groupby(by).size().to_dict()
-    where: dict[tuple[str, str], set[str]] = {}
+    where: dict[tuple[str, str], set[tuple[str, str]]] = {}
     for case, version, dtype, mode in repro.drop_duplicates().itertuples(index=False):
-        where.setdefault((case, version), set()).add(f"{dtype}/{mode}")
+        where.setdefault((case, version), set()).add((dtype, mode))
     rows = {
         case: {
             v: _reproduction_text(
@@ -189,14 +189,10 @@ def passing_by_version(frame: pd.DataFrame) -> pd.DataFrame:
     pass with no flag, of those that ran), and ``first passing``: the oldest version from
     which the fix passes in every cell that ran, in every later version measured too."""
     ran = frame.loc[
-        frame["outcome"] != Outcome.SKIPPED.value, ["case", "fix", "torch_version", "label"]
+        frame["outcome"] != Outcome.SKIPPED.value, ["case", "fix", "torch_version", "passed"]
     ]
     versions = sorted(ran["torch_version"].unique(), key=release_key)
-    counted = (
-        ran.assign(passed=ran["label"] == "passes")
-        .groupby(["case", "fix", "torch_version"])["passed"]
-        .agg(["sum", "size"])
-    )
+    counted = ran.groupby(["case", "fix", "torch_version"])["passed"].agg(["sum", "size"])
     rows = {}
     for (case, fix), per_version in counted.groupby(level=["case", "fix"]):
         found = {v: (int(n), int(of)) for (_, _, v), n, of in per_version.itertuples()}
@@ -224,15 +220,16 @@ def _first_passing(by_version: dict[str, tuple[int, int]]) -> str:
     return torch_release(first)
 
 
-def _reproduction_text(cells: int, reproduced: int, where: set[str]) -> str:
+def _reproduction_text(cells: int, reproduced: int, where: set[tuple[str, str]]) -> str:
     """Of the ``cells`` that ran, ``reproduced`` showed the known failure (raised it, or
-    showed its silent symptoms), in the ``dtype/mode`` columns ``where``."""
+    showed its silent symptoms), in the (dtype, mode) columns ``where``."""
     if not cells:
         return "not run"
     if not reproduced:
         return "does not reproduce"
-    shown = sorted(where, key=lambda k: (rank(DTYPES, k.split("/")[0]), k))
-    return f"reproduces ({', '.join(shown)}); {reproduced} of {cells} cells"
+    ordered = sorted(where, key=lambda column: (rank(DTYPES, column[0]), column))
+    shown = ", ".join(f"{dtype}/{mode}" for dtype, mode in ordered)
+    return f"reproduces ({shown}); {reproduced} of {cells} cells"
 
 
 def fixes_passing_everywhere(case_frame: pd.DataFrame) -> list[str]:

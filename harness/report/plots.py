@@ -50,6 +50,9 @@ def error_vs_time(case_frame: pd.DataFrame, passing_everywhere: set[str]) -> str
     axes = figure.subplots()
     palette = matplotlib.colormaps["tab10"].colors  # type: ignore[attr-defined]
     colours: dict[str, Colour] = dict(zip(sorted(points["row"].unique()), palette, strict=False))
+    # the rows of a fix that passes everywhere (a row is its fix, backend, size and stage)
+    fixes = zip(points["row"], points["fix"], strict=True)
+    edged = {str(row) for row, fix in fixes if fix in passing_everywhere}
     groups = sorted(points[by].unique())
     dense = len(points) > 400
     for (row, group_name), group in points.groupby(["row", by]):
@@ -64,7 +67,7 @@ def error_vs_time(case_frame: pd.DataFrame, passing_everywhere: set[str]) -> str
             marker=MARKERS[groups.index(group_name) % len(MARKERS)],
             markersize=3.7 if dense else 6.8,
             alpha=0.5 if dense else 0.85,
-            markeredgecolor="black" if _fix_of(str(row)) in passing_everywhere else colour,
+            markeredgecolor="black" if str(row) in edged else colour,
         )
     axes.set(
         xscale="log",
@@ -75,12 +78,12 @@ def error_vs_time(case_frame: pd.DataFrame, passing_everywhere: set[str]) -> str
     axes.grid(True, which="both", alpha=0.25)
     axes.xaxis.set_major_formatter(ScalarFormatter())
     axes.xaxis.set_minor_formatter(ScalarFormatter())
-    _legends(figure, colours, groups, title, passing_everywhere)
+    _legends(figure, colours, groups, title, edged)
     return to_data_uri(figure)
 
 
 #: The columns of a case's frame that its plot draws.
-PLOTTED = ["row", "env", "device", "rel_err", "median_s"]
+PLOTTED = ["row", "fix", "env", "device", "rel_err", "median_s"]
 
 
 def plotted(case_frame: pd.DataFrame) -> pd.DataFrame:
@@ -108,17 +111,12 @@ def marker_groups(points: pd.DataFrame) -> tuple[str, str]:
     return "device", f"device ({envs} environments)"
 
 
-def _fix_of(row: str) -> str:
-    """The fix of a row label (``fix [backend] @size``)."""
-    return row.split(" [")[0].split(" @")[0]
-
-
 def _legends(
     figure: Figure,
     colours: dict[str, Colour],
     groups: list[str],
     title: str,
-    passing_everywhere: set[str],
+    edged: set[str],
 ) -> None:
     from matplotlib.lines import Line2D
 
@@ -129,8 +127,8 @@ def _legends(
             marker="o",
             linestyle="",
             color=colour,
-            markeredgecolor="black" if _fix_of(row) in passing_everywhere else colour,
-            label=row + (" (passes everywhere)" if _fix_of(row) in passing_everywhere else ""),
+            markeredgecolor="black" if row in edged else colour,
+            label=row + (" (passes everywhere)" if row in edged else ""),
         )
         for row, colour in colours.items()
     ]

@@ -21,7 +21,13 @@ from harness.results.speed import SpeedRatios, column_speed_ratios
 from harness.results.summary import failure_line
 from harness.schema import gpus
 from harness.schema.axes import Cell
-from harness.schema.records import DRIFT, CellRecord, Outcome, base_label, outcome_label
+from harness.schema.records import (
+    CellRecord,
+    FlagKind,
+    Outcome,
+    base_label,
+    outcome_label,
+)
 from harness.schema.run_files import Environment
 
 #: The fields of a cell, read once: ``dataclasses.asdict`` per record costs more than
@@ -61,7 +67,7 @@ def verdict_values(record: CellRecord) -> tuple[Any, ...]:
         "; ".join(f"{kind}: {'+'.join(dtypes)}" for kind, dtypes in trail.compute_dtypes.items())
         if trail
         else None,
-        any(flag.kind == DRIFT for flag in record.flags),
+        any(flag.kind is FlagKind.DRIFT for flag in record.flags),
         record.notes_text,
         dtypes_text(record.out_dtypes),
         dtypes_text(record.attn_dtypes),

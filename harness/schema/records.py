@@ -130,10 +130,6 @@ class FlagKind(str, Enum):
     UNDONE_UPCAST = "undone-upcast"
 
 
-#: The flag of a cell that ran but left its mode's promise (see :mod:`harness.measure.precision`).
-DRIFT = FlagKind.DRIFT
-
-
 @dataclass(frozen=True)
 class Flag:
     """Something a cell's precision mode promised and the cell did not do. A flagged cell is
