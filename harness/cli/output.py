@@ -84,7 +84,7 @@ def show_run(run_dir: Path, report_dir: Path | None) -> int:
         from harness.report.writing import render_report, write_report
 
         report = write_report(
-            render_report([load_run(run_dir)]), report_dir / f"{run_dir.name}.html"
+            render_report([load_run(run_dir, records)]), report_dir / f"{run_dir.name}.html"
         )
         print(f"report:  {report}")
     return report_missing(run_dir, missing_cells(run_dir, records))

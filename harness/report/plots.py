@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 Colour = tuple[float, float, float]
@@ -54,6 +55,29 @@ def error_vs_time(case_frame: pd.DataFrame, passing_everywhere: set[str]) -> str
     fixes = zip(points["row"], points["fix"], strict=True)
     edged = {str(row) for row, fix in fixes if fix in passing_everywhere}
     groups = sorted(points[by].unique())
+    _draw_points(axes, points, by, colours, groups, edged)
+    axes.set(
+        xscale="log",
+        yscale="log",
+        xlabel="median time per call (ms)",
+        ylabel="relative error vs float64",
+    )
+    axes.grid(True, which="both", alpha=0.25)
+    axes.xaxis.set_major_formatter(ScalarFormatter())
+    axes.xaxis.set_minor_formatter(ScalarFormatter())
+    _legends(figure, colours, groups, title, edged)
+    return to_data_uri(figure)
+
+
+def _draw_points(
+    axes: Axes,
+    points: pd.DataFrame,
+    by: str,
+    colours: dict[str, Colour],
+    groups: list[str],
+    edged: set[str],
+) -> None:
+    """One marker per group of ``by``, one colour per row, a black edge for ``edged`` rows."""
     dense = len(points) > 400
     for (row, group_name), group in points.groupby(["row", by]):
         colour = colours.get(str(row), "grey")
@@ -69,17 +93,6 @@ def error_vs_time(case_frame: pd.DataFrame, passing_everywhere: set[str]) -> str
             alpha=0.5 if dense else 0.85,
             markeredgecolor="black" if str(row) in edged else colour,
         )
-    axes.set(
-        xscale="log",
-        yscale="log",
-        xlabel="median time per call (ms)",
-        ylabel="relative error vs float64",
-    )
-    axes.grid(True, which="both", alpha=0.25)
-    axes.xaxis.set_major_formatter(ScalarFormatter())
-    axes.xaxis.set_minor_formatter(ScalarFormatter())
-    _legends(figure, colours, groups, title, edged)
-    return to_data_uri(figure)
 
 
 #: The columns of a case's frame that its plot draws.

@@ -57,9 +57,12 @@ def read_env(run_dir: Path) -> tuple[Environment, list[str]]:
         return Environment(), [str(error)]
 
 
-def load_run(run_dir: Path) -> Run:
+def load_run(run_dir: Path, records: list[CellRecord] | None = None) -> Run:
+    """The run as read: its environment and records (``records`` where the caller has
+    them, read already: then the file is not read again)."""
     env, problems = read_env(run_dir)
-    records = storage.read_records(run_dir, problems)
+    if records is None:
+        records = storage.read_records(run_dir, problems)
     if not records:
         problems.append(empty_run(run_dir))
     return Run(run_dir, env, records, problems)
