@@ -29,16 +29,16 @@ def test_run_toy_case_end_to_end(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     run_dir = only_run_dir(tmp_path)
-    results = storage.read_run(run_dir)
-    by_fix = {(r.cell.fix, r.cell.dtype, r.cell.device): r for r in results.records}
+    records = storage.read_records(run_dir)
+    by_fix = {(r.cell.fix, r.cell.dtype, r.cell.device): r for r in records}
     assert by_fix["none", "float16", "cpu"].outcome is Outcome.RAISES
     assert by_fix["none", "float16", "cpu"].reproduces
     assert by_fix["cast-input", "bfloat16", "cpu"].outcome is Outcome.PASSES
     assert by_fix["noisy", "float16", "cpu"].outcome is Outcome.INACCURATE
     assert by_fix["none", "float32", "cpu"].outcome is Outcome.PASSES
-    ran = [r for r in results.records if r.outcome is not Outcome.SKIPPED]
+    ran = [r for r in records if r.outcome is not Outcome.SKIPPED]
     assert len(ran) == 11 and {r.worker for r in ran} <= {"gw0", "gw1"}
-    env = results.env
+    env = storage.read_env(run_dir)
     assert env.torch_version and env.command and env.command[1] == "run"
     assert env.finished_at is not None
     assert "raises:repro" in result.stdout and "raises:OTHER" in result.stdout

@@ -33,8 +33,8 @@ def test_tolerance_is_the_most_independent_yardstick_with_an_epsilon_floor() -> 
         numerics.ROUNDING_FACTOR,
     )
     # never below eps
-    assert numerics.tolerance_for(torch.float16, sticks(1e-9, 1e-9)) == eps16
-    assert numerics.tolerance_for(torch.bfloat16, sticks()) == torch.finfo(torch.bfloat16).eps
+    assert numerics.deciding(torch.float16, sticks(1e-9, 1e-9))[0] == eps16
+    assert numerics.deciding(torch.bfloat16, sticks())[0] == torch.finfo(torch.bfloat16).eps
 
 
 def test_a_fix_that_is_not_accurate_itself_is_no_yardstick() -> None:

@@ -115,9 +115,8 @@ def test_run_directory_round_trip(tmp_path: Path) -> None:
     storage.write_env(run_dir, Environment(torch_version="2.13.0"))
     for record in RECORDS:
         storage.append_record(run_dir, record)
-    results = storage.read_run(run_dir)
-    assert results.env == Environment(torch_version="2.13.0")
-    assert results.records == RECORDS
+    assert storage.read_env(run_dir) == Environment(torch_version="2.13.0")
+    assert storage.read_records(run_dir) == RECORDS
 
 
 def test_run_dirs_are_never_reused(tmp_path: Path) -> None:

@@ -270,11 +270,6 @@ def noise_of(frame: pd.DataFrame) -> str | None:
     return noise_statement([(bool(noisy), float(spread)) for noisy, spread in pairs])
 
 
-def report_view(runs: Sequence[Run], comparison: Comparison | None = None) -> ReportView:
-    """The report's view of ``runs`` (and of a comparison with a baseline)."""
-    return report_view_while(runs, comparison, lambda: None)[0]
-
-
 def report_view_while(
     runs: Sequence[Run],
     comparison: Comparison | None,

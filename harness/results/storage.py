@@ -291,13 +291,6 @@ def metadata_lock(run_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
-@dataclass
-class RunResults:
-    run_dir: Path
-    env: Environment
-    records: list[CellRecord] = field(default_factory=list)
-
-
 def read_env(run_dir: Path, problems: list[str] | None = None) -> Environment:
     """``env.json``. A field of the wrong type raises ResultsError naming it; when a
     ``problems`` list is given, the message goes there and the field is left out."""
@@ -431,6 +424,3 @@ def _parse_record(path: Path, number: int, line: str) -> CellRecord:
     except ValueError as error:
         raise ResultsError(f"{path}:{number}: {error}") from error
 
-
-def read_run(run_dir: Path) -> RunResults:
-    return RunResults(run_dir, read_env(run_dir), read_records(run_dir))

@@ -121,10 +121,6 @@ def trusted(fix_rel_err: float | None, rounding_rel_err: float | None, floor: fl
     return fix_rel_err <= ROUNDING_FACTOR * max(rounding_rel_err or 0.0, floor)
 
 
-def tolerance_for(dtype: torch.dtype, sticks: Yardsticks) -> float:
-    return deciding(dtype, sticks)[0]
-
-
 def judge(
     output: torch.Tensor,
     reference: torch.Tensor,
