@@ -29,14 +29,14 @@ from harness.schema.axes import (
     TRAIN_STAGE,
     rank,
 )
-from harness.schema.records import FitFigures, Outcome
+from harness.schema.records import RAISES_OTHER, REPRODUCES, FitFigures, Outcome
 
 #: How a sentence names each stage: what a fix passes, and the cell that failed.
 PASSED = {"forward": "inference", TRAIN_STAGE: "the train step", FIT_STAGE: "the fit"}
 NOUN = {"forward": "forward pass", TRAIN_STAGE: "train step", FIT_STAGE: "fit"}
 #: Columns a cross-stage failure lists in full; beyond them, a count.
 SHOWN_MISSES = 4
-PASSES = "passes"
+PASSES = Outcome.PASSES.value
 
 
 def ran(case_frame: pd.DataFrame) -> pd.DataFrame:
@@ -234,7 +234,14 @@ class StageOutcome:
 
 #: Labels from worse to better for a summary's colour: an error, then a wrong result,
 #: a reproduced failure, a flag, a pass.
-SEVERITY = ("crashed", "raises:OTHER", "timeout", "inaccurate", "raises:repro", "raises")
+SEVERITY = (
+    Outcome.CRASHED.value,
+    RAISES_OTHER,
+    Outcome.TIMEOUT.value,
+    Outcome.INACCURATE.value,
+    REPRODUCES,
+    Outcome.RAISES.value,
+)
 
 
 def severity(base: str, label: str) -> tuple[int, str]:

@@ -414,19 +414,32 @@ class Label:
     meaning: str
 
 
-REPRODUCES = "raises:repro"
-#: Every outcome label, in the order tables and legends list them.
+#: A raised cell's label, by whether it reproduces the case's known failure.
+REPRODUCES = f"{Outcome.RAISES.value}:repro"
+RAISES_OTHER = f"{Outcome.RAISES.value}:OTHER"
+#: Every outcome label, in the order tables and legends list them: each outcome's value,
+#: a raised cell's split by whether it reproduces.
 LABELS = (
     Label(REPRODUCES, "raises-repro", "fails with the case's known error (it reproduces)"),
-    Label("raises:OTHER", "raises-other", "fails with a different, unexpected error"),
-    Label("inaccurate", "inaccurate", "ran, but beyond tolerance, non-finite or misshapen"),
-    Label("passes", "passes", "finite and within tolerance of the float64 reference"),
+    Label(RAISES_OTHER, "raises-other", "fails with a different, unexpected error"),
     Label(
-        "crashed", "crashed", "no outcome: the process died, or the reference or harness failed"
+        Outcome.INACCURATE.value,
+        "inaccurate",
+        "ran, but beyond tolerance, non-finite or misshapen",
     ),
-    Label("timeout", "timeout", "ran past its time limit"),
-    Label("skipped", "skipped", "not possible in that environment"),
-    Label("raises", "raises-other", "fails with an error (a model you check: no known one)"),
+    Label(Outcome.PASSES.value, "passes", "finite and within tolerance of the float64 reference"),
+    Label(
+        Outcome.CRASHED.value,
+        "crashed",
+        "no outcome: the process died, or the reference or harness failed",
+    ),
+    Label(Outcome.TIMEOUT.value, "timeout", "ran past its time limit"),
+    Label(Outcome.SKIPPED.value, "skipped", "not possible in that environment"),
+    Label(
+        Outcome.RAISES.value,
+        "raises-other",
+        "fails with an error (a model you check: no known one)",
+    ),
 )
 
 
@@ -435,7 +448,7 @@ def base_label(record: CellRecord) -> str:
     if record.outcome is Outcome.RAISES:
         if record.reproduces is None:
             return Outcome.RAISES.value  # no known failure to match (a model you check)
-        return REPRODUCES if record.reproduces else "raises:OTHER"
+        return REPRODUCES if record.reproduces else RAISES_OTHER
     return record.outcome.value
 
 
