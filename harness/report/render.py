@@ -50,6 +50,7 @@ from harness.report.views import (
 from harness.results import storage
 from harness.results.summary import noise_statement
 from harness.schema.axes import FIT_STAGE, MODES, SIZES, TRAIN_STAGE, rank
+from harness.schema.devices import CPU
 from harness.schema.releases import torch_release
 from harness.schema.run_files import CaseInfo
 
@@ -148,7 +149,7 @@ def case_view(
             if level is not None
         ],
         cpu_timed=bool(
-            ((mine["device"] == "cpu") & mine["median_s"].notna()).any() if len(mine) else False
+            ((mine["device"] == CPU) & mine["median_s"].notna()).any() if len(mine) else False
         ),
         environments=envs.describe(universe, universe),
         cell_count=len(mine),

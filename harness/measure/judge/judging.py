@@ -201,7 +201,7 @@ def reference_for(
 def kinks_dtype(cell: Cell) -> str:
     """Whose resolution a cell's ReLU sides are judged by: its dtype's (TF32's for a
     float32 control on a GPU, which may compute its matmuls in it)."""
-    control_on_gpu = cell.dtype == CONTROL_DTYPE and torch.device(cell.device).type == "cuda"
+    control_on_gpu = cell.dtype == CONTROL_DTYPE and device_kind(cell.device) == CUDA
     return "tf32" if control_on_gpu else cell.dtype
 
 

@@ -51,6 +51,7 @@ from harness.schema.axes import (
     TRAIN_STAGE,
     Cell,
 )
+from harness.schema.devices import CUDA, device_kind
 
 REFERENCE_BACKENDS = ("sdpa", "eager")
 
@@ -305,7 +306,7 @@ def rounding_kinds(case: Case, device: str, stage: str) -> tuple[tuple[str, bool
     fit, judged by the float64 fit's curve alone."""
     if stage == FIT_STAGE:
         return ()
-    control = (CONTROL_DTYPE, "tf32") if torch.device(device).type == "cuda" else (CONTROL_DTYPE,)
+    control = (CONTROL_DTYPE, "tf32") if device_kind(device) == CUDA else (CONTROL_DTYPE,)
     return tuple(
         dict.fromkeys(
             (dtype, rounds_activations(mode))

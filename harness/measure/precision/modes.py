@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from harness.schema.axes import MODES
+from harness.schema.devices import CPU
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ def autocast_enabled(device_type: str) -> bool:
     try:
         return bool(torch.is_autocast_enabled(device_type))
     except TypeError:
-        if device_type == "cpu":
+        if device_type == CPU:
             return bool(torch.is_autocast_cpu_enabled())
         return bool(torch.is_autocast_enabled())
 

@@ -38,6 +38,7 @@ from harness.measure.tracing.source_sites import (
     shown,
     traceback_entries,
 )
+from harness.schema.devices import CUDA
 from harness.schema.trail_records import BackwardNode
 
 #: Set on an error raised in backward: the :class:`BackwardNode` it raised in.
@@ -272,7 +273,7 @@ class RandomState:
 
     @classmethod
     def now(cls, device: torch.device) -> RandomState:
-        cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+        cuda = torch.cuda.get_rng_state(device) if device.type == CUDA else None
         return cls(torch.get_rng_state(), cuda, device)
 
     def restore(self) -> None:

@@ -77,6 +77,7 @@ from harness.measure.tracing.tensor_marks import (
     scales_one,
     widens,
 )
+from harness.schema.devices import CPU
 from harness.schema.trail_records import Drift, Island, Promotion, Site, Trail
 
 
@@ -158,7 +159,7 @@ class DtypeTracer(LazyDynamoMode):
         try:
             return dtype_name(torch.get_autocast_dtype(device_type))
         except (AttributeError, TypeError):  # torch < 2.4
-            getter = torch.get_autocast_cpu_dtype if device_type == "cpu" else None
+            getter = torch.get_autocast_cpu_dtype if device_type == CPU else None
             return dtype_name(getter()) if getter else None
 
     def observe(self, func: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
