@@ -29,17 +29,10 @@ from types import ModuleType
 from typing import Any
 
 from harness.results.storage import CELLS_FILE, MAX_LINE_BYTES
-
-#: A faster parser of strict JSON where it is installed (the ``report`` extra); the
-#: standard library's reads the same lines.
-orjson: ModuleType | None
-try:
-    import orjson
-except ImportError:  # pragma: no cover - depends on what is installed
-    orjson = None
 from harness.schema.axes import Cell
 from harness.schema.records import (
     NESTED,
+    SCHEMA_VERSION,
     CellRecord,
     Numerics,
     launch_bound,
@@ -47,8 +40,17 @@ from harness.schema.records import (
 )
 from harness.schema.typed import NON_FINITE, compiled, number_fields, number_from
 
-#: The schema whose runs are read as columns; older ones are read record by record.
-COLUMNAR_SCHEMA = 5
+#: A faster parser of strict JSON, a dependency of the project; where it is missing (an
+#: environment that installed only what it had), the standard library's reads the lines.
+orjson: ModuleType | None
+try:
+    import orjson
+except ImportError:  # pragma: no cover - depends on what is installed
+    orjson = None
+
+#: The schema whose runs are read as columns (the one written now); older ones are read
+#: record by record.
+COLUMNAR_SCHEMA = SCHEMA_VERSION
 #: A JSON escape of half a UTF-16 pair: a line holding one is read record by record, which
 #: tells a lone half (no text) from a pair.
 SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
