@@ -513,6 +513,22 @@ def lint_workflows(session: nox.Session) -> None:
     session.run("zizmor", "--offline", str(WORKFLOWS))
 
 
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """The documentation site (mkdocs.yml, docs/) into site/, strict: a warning (a broken
+    link or anchor, a page missing from the nav, a name the API reference cannot find)
+    fails the build. Only the ``docs`` extra is installed: mkdocstrings reads the
+    docstrings from the source without importing it, so neither torch nor a browser is
+    needed. Arguments after -- go to ``mkdocs build``."""
+    import tomllib
+
+    project = tomllib.loads(Path("pyproject.toml").read_text())["project"]
+    session.install(*project["optional-dependencies"]["docs"])
+    # Material's notice about MkDocs 2.0 is not about this site; it would read as a warning.
+    session.env["NO_MKDOCS_2_WARNING"] = "1"
+    session.run("mkdocs", "build", "--strict", "--site-dir", "site", *session.posargs)
+
+
 #: The GPU acceptance script (``benchmarks/gpu_acceptance.py``), which says whether an
 #: interpreter has every package it needs (``--ready``).
 ACCEPTANCE = "benchmarks/gpu_acceptance.py"
