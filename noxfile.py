@@ -488,6 +488,21 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def screenshots(session: nox.Session) -> None:
+    """The docs' screenshots, regenerated: the report of the stored run
+    tests/data/runs/torch-2.13.0 and its terminal summary, taken by headless Chromium
+    (installed as for ``tests``) into docs/images/ (see docs/screenshots.py). The images
+    are committed, so the docs build needs no browser. `-- DIR` writes them to DIR."""
+    install_with_torch(session, DEFAULT_TORCH, "-e", ".")
+    install_browser(session)
+    if not (shutil.which("chromium") or shutil.which("chromium-browser")):
+        session.error("screenshots: Chromium is needed (Debian package 'chromium')")
+    out = session.posargs[0] if session.posargs else str(Path("docs") / "images")
+    session.run("python", "docs/screenshots.py", out)
+    session.log(f"screenshots: written to {out}/ (commit them with the docs)")
+
+
+@nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     """ruff (lint and format check), mypy, and the GitHub workflows (``lint_workflows``)."""
     install_with_torch(
