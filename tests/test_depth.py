@@ -1,4 +1,4 @@
-"""The rounding yardstick holds at any depth (README, "The tolerance rule"). A model cast to
+"""The rounding yardstick holds at any depth (docs/tolerance.md). A model cast to
 half precision stores every layer's output in it, a cost that grows with depth; the
 yardstick of the modes that cast the model rounds what each module returns as such a model
 does, so a healthy model 48 layers deep passes, while a silent bug inside a module still

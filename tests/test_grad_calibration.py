@@ -1,4 +1,4 @@
-"""Gradients are judged as outputs are (README, "The training stage" and the calibration):
+"""Gradients are judged as outputs are (docs/training.md; calibration: docs/tolerance.md):
 the rounding yardstick of a train cell is the float64 step of the rounded model, whose
 backward rounds the gradient each module receives as a model in the dtype stores it, so a
 healthy model 48 layers deep passes in train, while a gradient summed in half precision

@@ -36,7 +36,7 @@ The rule, written down once (every record carries the numbers it used):
   every leaf does, and its record shows the leaf furthest from passing.
 
 ``ROUNDING_FACTOR`` is calibrated on healthy and silently broken models side by side
-(``benchmarks/bench_verdicts.py``, the table in the README).
+(``benchmarks/bench_verdicts.py``, the table in ``docs/tolerance.md``).
 """
 
 from __future__ import annotations

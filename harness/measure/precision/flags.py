@@ -110,7 +110,8 @@ def no_autocast_flag(seen: bool, precision: Precision) -> Flag | None:
 
 #: A float32 island within this share of a cell's matmul and attention FLOPs, whose values
 #: come back in the cell's dtype, is noted, not flagged (a RoPE frequency product in
-#: float32: well under 0.1% of a Llama's FLOPs; see the README's calibration table).
+#: float32: well under 0.1% of a Llama's FLOPs; see the calibration table in
+#: ``docs/tolerance.md``).
 ISLAND_SHARE = 0.01
 
 

@@ -44,8 +44,8 @@ from harness.schema.records import FitFigures, Note, NoteKind, Numerics
 #: A fit stalls where its last loss falls short of the float64 fit's progress (first loss
 #: minus last) by more than this share of it, or where more than ``LOST_LIMIT`` of the
 #: updates the optimizer computed never reached the weights. Calibrated in
-#: ``benchmarks/bench_fit.py`` (``nox -s verdicts``; the table is in the README, "The fit
-#: stage's limits, calibrated"; CPU, torch 2.13.0, 20 steps): healthy fits fall at most
+#: ``benchmarks/bench_fit.py`` (``nox -s verdicts``; the table is in ``docs/tolerance.md``,
+#: "The fit stage's limits, calibrated"; CPU, torch 2.13.0, 20 steps): healthy fits fall at most
 #: 3.8% short and lose at most 2.7% of their updates; the mildest broken fit
 #: (bf16-pure-weights: AdamW on bfloat16 weights at lr 1e-4) is 63% short and loses 65%.
 #: The shortfall's limit stays at a half: a loss computed in bfloat16 rounds away up to a
