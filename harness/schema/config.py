@@ -188,6 +188,10 @@ class Limits:
 
 @dataclass(frozen=True)
 class RunConfig:
+    """A run's whole configuration, built once from the command line (each option declared
+    on its field, with its flag, help, default and rule) and stored in ``run-plan.json``,
+    where ``--resume`` and every worker read it back."""
+
     selection: Selection = field(default_factory=Selection)
     cases_dirs: tuple[Path, ...] = ()
     results_root: Path = field(

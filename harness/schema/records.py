@@ -45,6 +45,9 @@ SCHEMA_VERSION = 5
 
 
 class Outcome(str, Enum):
+    """What became of a cell: it raised, passed, was inaccurate, was skipped, ran past its
+    time limit, or crashed (no outcome of its own; ``CrashKind`` says why)."""
+
     RAISES = "raises"
     PASSES = "passes"
     INACCURATE = "inaccurate"

@@ -46,10 +46,15 @@ from harness.schema.run_files import CaseInfo
 class Upstream:
     """Where a failure comes from: links a report can show."""
 
+    #: The repository, ``owner/name`` (``nari-labs/dia``).
     repo: str
+    #: The file of the failing code path, in that repository.
     file: str
+    #: The commit (or tag) the case's code path was taken from.
     commit: str
+    #: The issues that report the failure, ``owner/name#N``.
     issues: tuple[str, ...] = ()
+    #: A link to the most telling of them (an issue, a pull request, a line).
     url: str = ""
 
 
@@ -269,9 +274,13 @@ def fix(
 class Case:
     """A failure pattern from a real project. Subclass it; see the module docstring."""
 
+    #: The case's name, as cell ids and ``--case`` write it (``dia-sdpa-kv-cache``).
     name: ClassVar[str] = ""
+    #: One line saying what fails and where, shown by ``list`` and the report.
     title: ClassVar[str] = ""
+    #: Where the failure comes from (required for a failure pattern).
     upstream: ClassVar[Upstream | None] = None
+    #: The known failure: raised, silent or both (required for a failure pattern).
     failure: ClassVar[FailureSignature | None] = None
     #: The same failure in other words: as another kernel or release words it (flash-attn
     #: 4's assertion where flash-attn 2 raises a RuntimeError). A cell reproduces when its
@@ -285,9 +294,14 @@ class Case:
     #: in the cell's dtype on the cell's device (mode ``half``) it is the plain low-precision
     #: baseline.
     reference_fix: ClassVar[str] = ""
+    #: The device kinds the case runs on (``cuda`` expands to every visible ``cuda:N``).
     devices: ClassVar[tuple[str, ...]] = DEVICE_KINDS
+    #: The low-precision dtypes it runs in (the float32 control is added by the harness).
     dtypes: ClassVar[tuple[str, ...]] = LOW_PRECISION_DTYPES
+    #: The precision modes (``autocast``, ``half``, ``half-autocast``, and ``fp32``, the
+    #: control).
     modes: ClassVar[tuple[str, ...]] = ("half", CONTROL_MODE)
+    #: The attention backends its workload can be built for.
     backends: ClassVar[tuple[str, ...]] = ("sdpa",)
     #: ``("eager", "inductor")`` where eager and compiled runs may differ: the harness then
     #: also runs each fix under ``torch.compile(backend="inductor")``.
