@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,7 +12,6 @@ from harness.cli.output import existing_run_dir, warn
 from harness.results import storage
 
 if TYPE_CHECKING:
-    from harness.report.aggregate import Run
     from harness.report.drawing import Drawing
 
 HELP = "render one HTML report over one or more runs"
@@ -46,21 +45,17 @@ def default_report_path(run_dirs: Sequence[Path]) -> Path:
 
 
 def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from harness.report.aggregate import load_run, load_runs_for_report
+    import harness.report.aggregate  # noqa: F401  # pandas, before the drawing process forks
     from harness.report.drawing import Drawing
 
     # forked with pandas imported (the figures' points are frames): it imports matplotlib
     # while the runs are read and the tables built
     with Drawing() as drawing:
-        return report_command(args, drawing, load_run, load_runs_for_report)
+        return report_command(args, drawing)
 
 
-def report_command(
-    args: argparse.Namespace,
-    drawing: Drawing,
-    load_run: Callable[[Path], Run],
-    load_runs_for_report: Callable[[list[Path]], list[Run]],
-) -> int:
+def report_command(args: argparse.Namespace, drawing: Drawing) -> int:
+    from harness.report.aggregate import load_run, load_runs_for_report
     from harness.report.compare import compare_runs
     from harness.report.writing import render_report, write_report
 
