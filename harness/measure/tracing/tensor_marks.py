@@ -38,7 +38,7 @@ LAYOUT_OPS = frozenset(
 #: to the kernel autocast cast it for. SDPA's math fallback (CPU inputs the fused kernel
 #: does not take: dropout, not 4-D, a head dim that differs) scales q and k before its
 #: ``bmm``; on torch 2.4.1 that ``bmm`` runs in the dtype autocast cast to (on 2.13.0 the
-#: math path casts half inputs back to float32 itself, and no tensor there is marked undone).
+#: math path casts the rounded inputs back to float32 itself, and the mark goes with them).
 SCALING_OPS = frozenset({"mul", "div"})
 #: Ops that turn Python data into a tensor (``torch.tensor([...])``).
 FROM_DATA_OPS = frozenset({"lift_fresh", "lift_fresh_copy", "lift"})

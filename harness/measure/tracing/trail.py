@@ -302,22 +302,11 @@ class DtypeTracer(LazyDynamoMode):
     ) -> None:
         """Mark what the code cast up explicitly, and what autocast cast back down of it;
         carry the marks through layout ops (and the cast-down one through a scaling by a
-        number) to the kernel they feed."""
+        number, and torch's own casts) to the kernel they feed."""
         if not (inputs and outputs):
             return
         if short_name(func) in CAST_OPS:
-            source, result = inputs[0], outputs[0]
-            upcast = getattr(source, UPCAST_ATTR, None)
-            if self.python.casting and source.dtype == self.low and widens(result.dtype, self.low):
-                setattr(result, UPCAST_ATTR, user_location(sys._getframe(1)) or "?")
-                self.upcast_seen = True
-            elif (
-                upcast is not None
-                and result.dtype == self.low
-                and not self.python.casting
-                and self.autocast_dtype(source.device.type) is not None
-            ):
-                setattr(result, UNDONE_ATTR, upcast)
+            self.mark_cast(inputs[0], outputs[0])
             return
         if not self.upcast_seen:
             return
@@ -325,7 +314,29 @@ class DtypeTracer(LazyDynamoMode):
         if name in LAYOUT_OPS:
             self.carry(UPCAST_ATTR, inputs, [t for t in outputs if widens(t.dtype, self.low)])
         if name in LAYOUT_OPS or (name in SCALING_OPS and scales_one(inputs)):
-            self.carry(UNDONE_ATTR, inputs, [t for t in outputs if t.dtype == self.low])
+            self.carry(UNDONE_ATTR, inputs, outputs)
+
+    def mark_cast(self, source: torch.Tensor, result: torch.Tensor) -> None:
+        """A cast: an explicit one up from the cell's dtype marks an upcast; autocast's back
+        down of an upcast marks it undone. A cast torch makes of an undone tensor keeps the
+        mark: its values were rounded already, so casting them up again restores nothing
+        (torch's SDPA math fallback computes half inputs in float32 from torch 2.5 on, after
+        autocast cast them down at the call; on 2.4 it computes them in the half dtype, and
+        the verdict must not depend on which)."""
+        upcast = getattr(source, UPCAST_ATTR, None)
+        undone = getattr(source, UNDONE_ATTR, None)
+        if self.python.casting:
+            if source.dtype == self.low and widens(result.dtype, self.low):
+                setattr(result, UPCAST_ATTR, user_location(sys._getframe(2)) or "?")
+                self.upcast_seen = True
+        elif (
+            upcast is not None
+            and result.dtype == self.low
+            and self.autocast_dtype(source.device.type) is not None
+        ):
+            setattr(result, UNDONE_ATTR, upcast)
+        elif undone is not None:
+            setattr(result, UNDONE_ATTR, undone)
 
     @staticmethod
     def carry(attr: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
