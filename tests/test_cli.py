@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from harness.cli import main
+from harness.cli.listing import describe_case
+from harness.measure.authoring.case import Case, FailureSignature, Upstream
+from harness.measure.authoring.model_case import Matrix, model_case
 from harness.results import storage
+from harness.runner.matrix import concrete_stages
+from harness.schema.axes import STAGES
 from harness.schema.records import CrashKind, NoteKind, Outcome
 from tests.conftest import BROKEN_CASES, FIXTURES, TOY_CASES, harness, only_run_dir
 
@@ -151,6 +157,52 @@ def test_list_shows_cases_fixes_and_links() -> None:
     assert "toy-mixed-matmul: Toy: fp32 activations times a half weight" in result.stdout
     assert "sana-softmax-float" in result.stdout and "cast-input" in result.stdout
     assert "github.com/NVlabs/Sana" in result.stdout
+
+
+class EveryStage(Case):
+    """A case declaring every stage (never registered: only its declaration is read)."""
+
+    name = "every-stage"
+    title = "Declares forward, train and fit"
+    upstream = Upstream(repo="example/every", file="every.py", commit="-")
+    failure = FailureSignature("RuntimeError", "never")
+    stages = STAGES
+
+
+def help_of(command: str, capsys: pytest.CaptureFixture[str]) -> str:
+    """``COMMAND --help`` as one line of words (argparse wraps it to the terminal)."""
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_the_stage_flags_help_names_the_stages_a_run_covers_without_it(
+    capsys: pytest.CaptureFixture[str], clean_registry: None
+) -> None:
+    """``run`` covers forward and train unless ``--stage`` says otherwise, ``check`` the
+    forward pass: each help says so, read from what each runs without the flag."""
+    run_default = concrete_stages(EveryStage(), ())
+    checked = model_case("every-stage-model", lambda: None, Matrix(), __file__)
+    check_default = concrete_stages(checked, ())
+    assert run_default != check_default  # the two differ, so the help must tell them apart
+    for command in ("run", "check"):
+        said = re.search(r"--stage NAME .*?\(default: (.*?), those .*?; in check: (.*?)\)",
+                         help_of(command, capsys))  # fmt: skip
+        assert said is not None
+        assert said.group(1).split(" and ") == list(run_default)
+        assert said.group(2).split(" and ") == list(check_default)
+
+
+def test_list_shows_each_cases_stages_and_which_run_only_on_request() -> None:
+    lines = describe_case(EveryStage())
+    assert "  stages:   forward, train; on request (--stage): fit" in lines
+    result = harness("list")
+    assert result.returncode == 0, result.stderr
+    described = result.stdout.split("\n\n")
+    staged = next(text for text in described if text.startswith("bf16-pure-weights:"))
+    assert "  stages:   forward, train; on request (--stage): fit\n" in staged
+    cases = [text for text in described if re.match(r"[a-z0-9-]+: ", text)]
+    assert staged in cases and all("\n  stages:   forward" in text for text in cases)
 
 
 @pytest.mark.parametrize(

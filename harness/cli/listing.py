@@ -1,4 +1,4 @@
-"""``list``: each case with its upstream source, axes, sizes and fixes; the modes."""
+"""``list``: each case with its upstream source, axes, stages, sizes and fixes; the modes."""
 
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ def describe_case(case: Case) -> list[str]:
         *(f"  failure:  {failure_text(f)}" for f in case.known_failures),
         f"  devices:  {', '.join(case.devices)}   dtypes: {', '.join(case.dtypes)}",
         f"  modes:    {', '.join(case.modes)}   backends: {', '.join(case.backends)}",
+        stages_line(case),
     ]
     if case.compiles != (EAGER,):
         lines.append(f"  compiles: {', '.join(case.compiles)}")
@@ -56,6 +57,19 @@ def describe_case(case: Case) -> list[str]:
         ref = f" [{fix.upstream}]" if fix.upstream else ""
         lines.append(f"    {fix.name:<24} {fix.rationale}{ref}")
     return lines
+
+
+def stages_line(case: Case) -> str:
+    """The stages a case declares: those a run covers unless ``--stage`` says otherwise,
+    then those it runs only when asked (``fit``), so a user sees which flag reaches them."""
+    from harness.runner.matrix import concrete_stages
+
+    by_default = concrete_stages(case, ())
+    asked = [stage for stage in case.stages if stage not in by_default]
+    line = f"  stages:   {', '.join(by_default)}"
+    if asked:
+        line += f"; on request (--stage): {', '.join(asked)}"
+    return line
 
 
 def size_lines(case: Case) -> list[str]:

@@ -92,6 +92,8 @@ TRAIN_STAGE: Final = "train"
 FIT_STAGE: Final = "fit"
 #: The stages a run covers unless ``--stage`` says otherwise (a fit is asked for).
 DEFAULT_STAGES: tuple[Stage, ...] = (FORWARD_STAGE, TRAIN_STAGE)
+#: The stages a model check (``check``, ``@check_model``) covers unless it asks for others.
+MODEL_STAGES: tuple[Stage, ...] = (FORWARD_STAGE,)
 
 
 def rank(order: tuple[str, ...], value: str) -> int:
@@ -213,9 +215,10 @@ class Cell:
         default=FORWARD_STAGE,
         named_in_id=True,
         column=True,
-        model_default=(FORWARD_STAGE,),
+        model_default=MODEL_STAGES,
         requests=("all",),
-        flag_help="; forward, train, fit or all (default: forward)",
+        flag_help=f"; {', '.join(STAGES)} or all (default: {' and '.join(DEFAULT_STAGES)}, "
+        f"those a case declares; in check: {' and '.join(MODEL_STAGES)})",
     )
 
     @property
