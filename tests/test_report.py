@@ -19,6 +19,7 @@ import pytest
 
 from harness.report import aggregate, case_tables, grouping
 from harness.report.compare import compare_runs, render_comparison
+from harness.report.markdown import render_markdown
 from harness.report.writing import render_report, write_report
 from harness.results import storage
 from harness.results.computed_in import ComputedIn
@@ -112,6 +113,57 @@ def test_no_recommendation_is_an_fp32_fallback_while_a_half_fix_passes(frame) ->
     assert all("passes by falling back to fp32" in cost for cost in dia.fallbacks)
     levels = aggregate.precision_by_fix(frame[frame["case"] == "dia-sdpa-kv-cache"])
     assert levels["fp32"] is ComputedIn.FALLBACK and levels[dia.fix] is ComputedIn.HALF
+
+
+def narrowed_runs(root: Path) -> list[Path]:
+    """Both stored runs, where Sana's ``sdpa`` ran only its ``autocast`` cells (a fix
+    narrowed to the mode it passes in) and a twin of the upstream path,
+    ``upstream-under-autocast``, ran only the ``autocast`` cells, where ``none`` passes."""
+    runs = []
+    for source in (OLD, NEW):
+        run = root / source.name
+        shutil.copytree(source, run)
+        records = storage.read_records(run)
+        (run / "cells.jsonl").unlink()
+        sana = [r for r in records if r.cell.case == "sana-softmax-float"]
+        twins = [
+            dataclasses.replace(r, cell=dataclasses.replace(r.cell, fix="upstream-under-autocast"))
+            for r in sana
+            if r.cell.fix == "none" and r.cell.mode == "autocast"
+        ]
+        for record in records + twins:
+            cell = record.cell
+            if (cell.case, cell.fix, cell.mode) != ("sana-softmax-float", "sdpa", "half"):
+                storage.append_record(run, record)
+        runs.append(run)
+    return runs
+
+
+def test_no_fix_that_ran_fewer_cells_than_the_others_is_recommended(tmp_path: Path) -> None:
+    """A fix that passes every cell it ran, but ran fewer than the upstream path and the
+    other fixes, says nothing of the cells it never ran: ``sdpa`` and the upstream path's
+    twin (each 4 cells, ``autocast`` only) are named with what they missed, and the fix
+    recommended ran all 8 (before, ``sdpa`` was: "passes in all 4 cells")."""
+    loaded = aggregate.load_runs(narrowed_runs(tmp_path))
+    frame = aggregate.records_frame(loaded)
+    found = aggregate.recommend(frame, "sana-softmax-float")
+    assert found.fix not in (None, "sdpa", "upstream-under-autocast")
+    assert "passes in all 8 cells" in found.reason
+    assert [fix for fix, _ in found.narrower] == ["sdpa", "upstream-under-autocast"]
+    sana = frame[frame["case"] == "sana-softmax-float"]
+    assert {"sdpa", "upstream-under-autocast"}.isdisjoint(aggregate.fixes_passing_everywhere(sana))
+    lines = [
+        f"{found.fix}: {found.reason}",
+        *(f"  not recommended: {f}: {why}" for f, why in found.narrower),
+    ]
+    check_golden("recommendations_narrowed.txt", "\n".join(lines) + "\n")
+    html = render_report(loaded)
+    assert "Not recommended: <strong>sdpa</strong>: passes in the 4 cells it ran, of the 8" in html
+    summary = render_markdown(loaded)
+    assert (
+        "| sana-softmax-float | upstream-under-autocast | not recommended | passes in the 4"
+        in summary
+    )
 
 
 def test_compare_golden() -> None:

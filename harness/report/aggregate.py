@@ -24,6 +24,7 @@ from harness.results.search import release_key
 from harness.schema import gpus
 from harness.schema.axes import (
     CONTROL_FIX,
+    CONTROL_MODE,
     DTYPES,
     FORWARD_STAGE,
     MODE_NAMES,
@@ -233,6 +234,14 @@ def _reproduction_text(cells: int, reproduced: int, where: set[tuple[str, str]])
 
 
 def fixes_passing_everywhere(case_frame: pd.DataFrame) -> list[str]:
+    """Fixes other than ``none`` whose every cell that ran passed, with no flag, and that
+    ran wherever the upstream path or another fix ran (:func:`narrower_fixes`)."""
+    passing = fixes_passing_where_they_ran(case_frame)
+    narrower = narrower_fixes(case_frame, passing)
+    return [fix for fix in passing if fix not in narrower]
+
+
+def fixes_passing_where_they_ran(case_frame: pd.DataFrame) -> list[str]:
     """Fixes other than ``none`` whose every cell that ran passed, with no flag."""
     ran = case_frame.loc[
         (case_frame["outcome"] != Outcome.SKIPPED.value) & (case_frame["fix"] != CONTROL_FIX),
@@ -240,6 +249,56 @@ def fixes_passing_everywhere(case_frame: pd.DataFrame) -> list[str]:
     ]
     passing = ran["passed"].astype(bool).groupby(ran["fix"]).all()
     return [str(fix) for fix, everywhere in passing.items() if everywhere]
+
+
+#: What tells a fix's cells apart: a fix ran as widely as another where it ran in each of
+#: the other's places (environment, device, size, stage, dtype, mode, backend, compile).
+PLACE_COLUMNS = ["env", "device", "size", "stage", "dtype", "mode", "backend", "compile"]
+
+
+def places_by_fix(case_frame: pd.DataFrame) -> dict[str, frozenset[tuple[str, ...]]]:
+    """Where each fix (``none`` too) ran: skipped cells aside, and the float32 control,
+    which only the upstream path ran before every fix did."""
+    ran = case_frame[
+        (case_frame["outcome"] != Outcome.SKIPPED.value) & (case_frame["mode"] != CONTROL_MODE)
+    ]
+    return {
+        str(fix): frozenset(
+            tuple(map(str, place)) for place in cells[PLACE_COLUMNS].itertuples(index=False)
+        )
+        for fix, cells in ran.groupby("fix")
+    }
+
+
+def narrower_fixes(case_frame: pd.DataFrame, fixes: Sequence[str]) -> dict[str, str]:
+    """Those of ``fixes`` that ran in fewer places than the upstream path and the other
+    fixes together (a fix narrowed to some modes, one that another run left out), each with
+    what it missed: "passes in all its cells" says nothing of the cells it never ran, where
+    the bug it fixes may be (a fix that scales no loss, run only where no scaler is
+    needed)."""
+    places = places_by_fix(case_frame)
+    measured: frozenset[tuple[str, ...]] = frozenset().union(*places.values())
+    return {
+        fix: missed_places(places.get(fix, frozenset()), measured)
+        for fix in fixes
+        if not measured <= places.get(fix, frozenset())
+    }
+
+
+def missed_places(mine: frozenset[tuple[str, ...]], measured: frozenset[tuple[str, ...]]) -> str:
+    """``passes in the 4 cells it ran, of the 8 the upstream path and the other fixes ran
+    (never mode autocast)``: the values of an axis it never ran in, where there are any."""
+    missing = measured - mine
+    never = [
+        f"{column} {', '.join(sorted(theirs))}"
+        for i, column in enumerate(PLACE_COLUMNS)
+        if (theirs := {p[i] for p in missing} - {p[i] for p in mine})
+    ]
+    shown = f" (never {'; '.join(never)})" if never else ""
+    return (
+        f"passes in the {len(mine)} cells it ran, of the {len(measured)} the upstream path "
+        f"and the other fixes ran{shown}"
+    )
 
 
 @dataclass(frozen=True)
@@ -253,16 +312,21 @@ class Recommendation:
     fallbacks: tuple[str, ...] = ()
     #: Fixes that pass inference (their first stage) but fail a later stage, with why.
     stage_failures: tuple[StageFailure, ...] = ()
+    #: Fixes that pass where they ran but ran fewer cells than the others: (fix, what it
+    #: missed), ``passes in the 4 cells it ran, of the 8 ...``.
+    narrower: tuple[tuple[str, str], ...] = ()
 
 
 CRITERION = (
-    "Among the fixes that pass in every cell measured and keep the matmuls and attention in "
-    "the cell's half-precision dtype, the one with the lowest median error and time "
-    "(the sum of the two ranks)."
+    "Among the fixes that ran in every cell the upstream path or another fix ran (the fp32 "
+    "control aside), pass in each and keep the matmuls and attention in the cell's "
+    "half-precision dtype, the one with the lowest median error and time (the sum of the "
+    "two ranks)."
 )
 FALLBACK_CRITERION = (
-    "No fix passes everywhere in half precision: among the fp32 fallbacks that pass in every "
-    "cell measured, the one with the lowest median error and time."
+    "No fix passes everywhere in half precision: among the fp32 fallbacks that ran in every "
+    "cell the upstream path or another fix ran and pass in each, the one with the lowest "
+    "median error and time."
 )
 
 
@@ -276,7 +340,8 @@ def precision_by_fix(case_frame: pd.DataFrame) -> dict[str, ComputedIn | None]:
 #: What a recommendation reads of the frame.
 RECOMMEND_COLUMNS = list(dict.fromkeys([
     "fix", "outcome", "passed", "computed_in", "rel_err", "vs_fastest", "env", "size", "dtype",
-    "mode", "median_s", "peak_mem_bytes", "stage", *stages.STAGE_COLUMNS,
+    "mode", "median_s", "peak_mem_bytes", "stage", "device", "backend", "compile",
+    *stages.STAGE_COLUMNS,
 ]))  # fmt: skip
 
 
@@ -295,7 +360,9 @@ def recommend(frame: pd.DataFrame, case: str) -> Recommendation:
 
     Candidates are fixes other than ``none`` whose every cell that ran passed (at every
     stage: a fix that passes inference and stalls in training is no candidate, and is named
-    with the reason), and of those the ones that do not fall back to float32; only when
+    with the reason) and that ran in every cell the upstream path or another fix ran (one
+    that ran fewer is named with what it missed), and of those the ones that do not fall
+    back to float32; only when
     none is left are the fallbacks considered. Among the candidates the one with the lowest
     median error and the lowest median time (relative to the fastest passing fix), both at
     the first stage that ran (inference), wins; when no single fix is best at both, the sum
@@ -307,11 +374,19 @@ def recommend(frame: pd.DataFrame, case: str) -> Recommendation:
     ran = stages.stages_ran(mine)
     staged = len(ran) > 1
     failures = stages.stage_failures(mine)
+    narrower = narrower_fixes(mine, fixes_passing_where_they_ran(mine))
     candidates = fixes_passing_everywhere(mine)
     if not candidates:
         where = "at every stage and " if staged else ""
         reason = f"no fix passes {where}in every environment measured"
-        return Recommendation(case, None, reason, stage_failures=failures)
+        if narrower:
+            reason = (
+                f"no fix passes {where}in every cell measured: {', '.join(narrower)} pass "
+                "where they ran, in fewer cells than the others"
+            )
+        return Recommendation(
+            case, None, reason, stage_failures=failures, narrower=tuple(narrower.items())
+        )
     levels = precision_by_fix(mine)
     fallbacks = [f for f in candidates if levels.get(f) is ComputedIn.FALLBACK]
     in_half = [f for f in candidates if f not in fallbacks]
@@ -327,6 +402,7 @@ def recommend(frame: pd.DataFrame, case: str) -> Recommendation:
         criterion + (stage_criterion(ran) if staged else ""),
         costs,
         failures,
+        tuple(narrower.items()),
     )
 
 

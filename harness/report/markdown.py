@@ -35,13 +35,15 @@ def outcome_counts(frame: pd.DataFrame) -> list[str]:
 
 
 def which_fix(frame: pd.DataFrame) -> list[str]:
-    """Per case, the fix recommended (passing at every stage that ran) and each fix that
-    passes inference but fails a later stage, with why."""
+    """Per case, the fix recommended (passing at every stage that ran), each fix that
+    passes where it ran but ran fewer cells than the others, and each that passes inference
+    but fails a later stage, with why."""
     rows = []
     for case in sorted(frame["case"].unique()):
         found = aggregate.recommend(frame, str(case))
         verdict = "recommended" if found.fix else "no recommendation"
         rows.append([str(case), found.fix or "-", verdict, found.reason])
+        rows += [[str(case), fix, "not recommended", why] for fix, why in found.narrower]
         rows += [
             [str(case), failure.fix, "not recommended", failure.reason]
             for failure in found.stage_failures
