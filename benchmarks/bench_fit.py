@@ -74,13 +74,13 @@ from harness.measure.authoring.model_case import Matrix, call_model, model_case 
 from harness.measure.host import caches  # noqa: E402
 from harness.measure.precision.dtypes import dtype_of  # noqa: E402
 from harness.measure.running import fitting  # noqa: E402
-from harness.measure.running.fitting import LOST_LIMIT, SHORTFALL_LIMIT  # noqa: E402
+from harness.measure.running.fitting import EXCESS_LIMIT, SHORTFALL_LIMIT  # noqa: E402
 from harness.runner.matrix import expand  # noqa: E402
 from harness.schema.axes import FIT_STAGE  # noqa: E402
 from harness.schema.records import CellRecord, FitFigures, Outcome, outcome_label  # noqa: E402
 from harness.schema.selection import Selection  # noqa: E402
 
-HEALTHY, BROKEN, UNSEEN = "healthy", "broken", "unseen"
+HEALTHY, BROKEN, UNSEEN, BETWEEN = "healthy", "broken", "unseen", "between"
 #: The cells of a recipe, as dtype/mode.
 AUTOCAST = ("float16/autocast", "bfloat16/autocast")
 BF16_WEIGHTS = ("bfloat16/half", "bfloat16/half-autocast")
@@ -137,6 +137,8 @@ class Fit:
     factory: Callable[..., Any]
     recipe: Recipe
     groups: dict[str, str]  # dtype/mode -> group
+    #: The model's loss ``f(output, inputs)``, where it is not the harness's default.
+    loss: Callable[[Any, dict[str, Any]], torch.Tensor] | None = None
 
     @property
     def name(self) -> str:
@@ -159,6 +161,20 @@ class Row:
     @property
     def figures(self) -> FitFigures | None:
         return self.record.fit
+
+    def measure(self, name: str) -> float:
+        """One of the figures the verdict reads (inf where the loss is not finite or there
+        is none): ``short``, the excess of the last loss over the float64 fit's as a share
+        of that fit's progress; ``beyond``, as a share of its last loss; ``lost``, the share
+        of the updates lost (evidence, no limit)."""
+        f = self.figures
+        if f is None or not math.isfinite(f.losses[-1]):
+            return math.inf
+        if name == "lost":
+            return f.lost_share
+        first, last = f.reference_losses[0], f.reference_losses[-1]
+        scale = first - last if name == "short" else abs(last)
+        return max(0.0, f.losses[-1] - last) / scale if scale > 0 else math.inf
 
     @property
     def loss_rounding(self) -> float | None:
@@ -227,19 +243,95 @@ def loss_in_dtype(output: Any) -> torch.Tensor:
 
 
 def architecture(name: str, layers: int) -> Callable[[], tuple[Any, ...]]:
-    from zoo import architectures
+    """A zoo architecture's factory (transformers is imported when it builds, so
+    ``--only`` the other models runs without it)."""
 
-    builders: dict[str, Callable[[int], tuple[Any, ...]]] = {
-        "bert": architectures.bert,
-        "llama": architectures.llama,
-    }
-    return lambda: builders[name](layers)
+    def build() -> tuple[Any, ...]:
+        from zoo import architectures
+
+        builders: dict[str, Callable[[int], tuple[Any, ...]]] = {
+            "bert": architectures.bert,
+            "llama": architectures.llama,
+        }
+        return builders[name](layers)
+
+    return build
 
 
 def named_architecture(name: str) -> Callable[[], tuple[Any, ...]]:
     from zoo.architectures import ARCHITECTURES
 
     return ARCHITECTURES[name][0]
+
+
+def teacher(weights: float) -> Callable[[], tuple[Any, ...]]:
+    """A linear regression a fit takes far: the student's weights of std ``weights``, the
+    teacher's each 0.01 away from them (20 AdamW steps of lr 1e-3 move a weight at most
+    0.02), so the float64 fit ends near zero (0.0045 from 0.0065 at 64 wide). From 0.25 on
+    most weights' bfloat16 ulp (2**-9 and up) is above twice a step of 1e-3: pure bfloat16
+    weights lose the steps that take the fit its last way."""
+
+    def build() -> tuple[Any, ...]:
+        width, outputs = 64, 16
+        student = torch.nn.Linear(width, outputs, bias=False)
+        with torch.no_grad():
+            student.weight.copy_(torch.randn(outputs, width) * weights)
+            target = student.weight + 0.01 * torch.sign(torch.randn(outputs, width))
+        x = torch.randn(256, width)
+        return student, {"x": x, "y": x @ target.T}, regressed
+
+    return build
+
+
+def regressed(model: Any, inputs: dict[str, Any]) -> Any:
+    return model(inputs["x"])
+
+
+def regression_loss(output: Any, inputs: dict[str, Any]) -> torch.Tensor:
+    """The squared error against the teacher's outputs, in float32 (float64 in the
+    reference)."""
+    dtype = torch.promote_types(output.dtype, torch.float32)
+    return F.mse_loss(output.to(dtype), inputs["y"].to(dtype))
+
+
+def attention(width: int) -> Callable[[], tuple[Any, ...]]:
+    """One ``nn.TransformerEncoderLayer`` (self-attention and a feed-forward, post-norm),
+    ``width`` wide with 4 heads, on 8 sequences of 16 tokens."""
+
+    def build() -> tuple[Any, ...]:
+        layer = torch.nn.TransformerEncoderLayer(
+            width, 4, 2 * width, dropout=0.0, batch_first=True
+        )
+        return layer, {"src": torch.randn(8, 16, width)}
+
+    return build
+
+
+LR_5E4 = Recipe("adamw lr 5e-4", 5e-4)
+LR_2E4 = Recipe("adamw lr 2e-4", 2e-4)
+
+
+def far_fits() -> Iterator[Fit]:
+    """Fits judged by where they end: a regression the float64 fit takes near zero, in
+    pure bfloat16 at lr 1e-3 (broken where its weights are large: its last loss 5 times
+    float64's, 0.6% short of its progress) beside bfloat16 autocast (healthy: float32
+    weights; what it ends beyond float64 its compute's rounding costs); attention layers
+    in bfloat16 at 1e-3 and 5e-4 (healthy), 2e-4 (between: a third of the updates lost,
+    the loss within 2% of float64's) and 1e-4 (broken: stalled)."""
+    both = {**broken("bfloat16/half"), **healthy("bfloat16/autocast", "float16/autocast")}
+    yield Fit("teacher-0.5", 1, teacher(0.5), LR_1E3, both, regression_loss)
+    yield Fit("teacher-0.25", 1, teacher(0.25), LR_1E3,
+              {**dict.fromkeys(["bfloat16/half"], BETWEEN), **healthy("bfloat16/autocast")},
+              regression_loss)  # fmt: skip
+    yield Fit("teacher-0.1", 1, teacher(0.1), LR_1E3,
+              healthy("bfloat16/half", "bfloat16/autocast"), regression_loss)  # fmt: skip
+    for width in (64, 128):
+        name = f"attention-{width}"
+        yield Fit(name, 1, attention(width), LR_1E3,
+                  healthy("bfloat16/half", "bfloat16/autocast", "float16/autocast"))  # fmt: skip
+        yield Fit(name, 1, attention(width), LR_5E4, healthy("bfloat16/half"))
+        yield Fit(name, 1, attention(width), LR_2E4, dict.fromkeys(["bfloat16/half"], BETWEEN))
+        yield Fit(name, 1, attention(width), LR_1E4, broken("bfloat16/half"))
 
 
 def healthy(*cells: str) -> dict[str, str]:
@@ -282,8 +374,10 @@ def fits(everything: bool, deep: bool) -> Iterator[Fit]:
         if everything or model is llama:
             yield Fit(*model, MASTER_1E5_LOSS_IN_DTYPE, healthy("bfloat16/half"))
             yield Fit(*model, LR_1E5_LOSS_IN_DTYPE, broken("bfloat16/half"))
-    yield Fit("two-heads", 2, two_heads, LR_1E3, healthy("float16/autocast"))
-    yield Fit("two-heads", 2, two_heads, NO_SCALER, dict.fromkeys(["float16/autocast"], UNSEEN))
+    yield Fit("two-heads", 2, two_heads, LR_1E3, healthy("float16/autocast"), heads_loss)
+    yield Fit("two-heads", 2, two_heads, NO_SCALER, dict.fromkeys(["float16/autocast"], UNSEEN),
+              heads_loss)  # fmt: skip
+    yield from far_fits()
     for model in [block_fit, *more]:
         yield Fit(*model, NO_SCALER_TINY, broken("float16/autocast"))
         yield Fit(*model, SCALER_TINY, healthy("float16/autocast"))
@@ -303,7 +397,7 @@ def recipe_case(fit: Fit) -> Case:
     base = type(model_case(name, fit.factory, matrix, __file__))
     registry._REGISTRY.pop(base.name, None)
     recipe = fit.recipe
-    loss_of = heads_loss if fit.model == "two-heads" else None
+    loss_of = fit.loss
 
     class Fitted(base):  # type: ignore[valid-type, misc]
         fit_lr = recipe.lr
@@ -349,13 +443,14 @@ def shown(value: float | None, percent: bool = False) -> str:
 
 
 def print_table(rows: list[Row]) -> None:
-    print(f"{'model':10} {'recipe':30} {'cell':22} {'group':8} {'short':>7} {'round':>6} "
-          f"{'lost':>6} {'skip':>4}  verdict")  # fmt: skip
+    print(f"{'model':12} {'recipe':30} {'cell':22} {'group':8} {'short':>7} {'beyond':>7} "
+          f"{'round':>6} {'lost':>6} {'skip':>4}  verdict")  # fmt: skip
     for row in rows:
         f = row.figures
         print(
-            f"{row.fit.model:10} {row.fit.recipe.name:30} {row.where:22} {row.group:8} "
-            f"{shown(f.shortfall if f else None, True):>7} "
+            f"{row.fit.model:12} {row.fit.recipe.name:30} {row.where:22} {row.group:8} "
+            f"{shown(row.measure('short'), True):>7} "
+            f"{shown(row.measure('beyond'), True):>7} "
             f"{shown(row.loss_rounding, True):>6} "
             f"{shown(f.lost_share if f else None, True):>6} "
             f"{f.skipped_steps if f else '-':>4}  {verdict(row)}"
@@ -387,27 +482,22 @@ def markdown_cell(row: Row | None) -> str:
     if row is None:
         return ""
     f = row.figures
-    text = (
-        f"{shown(f.shortfall if f else None, True)} / {shown(f.lost_share if f else None, True)}"
+    text = " / ".join(
+        shown(value, True)
+        for value in (row.measure("short"), row.measure("beyond"), f.lost_share if f else None)
     )
     text += " stalls" if row.stalled else ""
-    return {BROKEN: f"**{text}**", UNSEEN: f"*{text}*"}.get(row.group, text)
-
-
-def figure(row: Row, name: str) -> float:
-    f = row.figures
-    if f is None:
-        return math.inf
-    value = f.shortfall if name == "shortfall" else f.lost_share
-    return math.inf if value is None else value
+    return {BROKEN: f"**{text}**", UNSEEN: f"*{text}*", BETWEEN: f"*{text}*"}.get(row.group, text)
 
 
 def print_margins(rows: list[Row]) -> None:
-    """Per dtype, each figure's healthy maximum and broken minimum, and the margins to
-    its limit."""
-    limits = {"shortfall": SHORTFALL_LIMIT, "lost": LOST_LIMIT}
-    print(f"\nlimits: shortfall <= {SHORTFALL_LIMIT:.0%} of the float64 fit's progress, "
-          f"lost <= {LOST_LIMIT:.0%} of the updates computed")  # fmt: skip
+    """Per dtype, each limited figure's healthy maximum and broken minimum, and the
+    margins to its limit (a fit stalls where either is beyond its limit); the share of the
+    updates lost, evidence with no limit, beside them."""
+    limits = {"short": SHORTFALL_LIMIT, "beyond": EXCESS_LIMIT}
+    print(f"\nlimits: a fit stalls where its last loss ends beyond the float64 fit's by more "
+          f"than {SHORTFALL_LIMIT:.0%} of its progress (short) or {EXCESS_LIMIT:.0%} of its "
+          "last loss (beyond); the updates lost are evidence")  # fmt: skip
     for dtype in DTYPES:
         cells = [r for r in rows if r.record.cell.dtype == dtype and r.figures is not None]
         if not cells:
@@ -415,6 +505,7 @@ def print_margins(rows: list[Row]) -> None:
         print(f"{dtype}:")
         for name, limit in limits.items():
             print_figure(cells, name, limit)
+        print_figure(cells, "lost", None)
         print_rounding(cells)
 
 
@@ -429,22 +520,31 @@ def print_rounding(rows: list[Row]) -> None:
               f"healthy fit's progress ({where})")  # fmt: skip
 
 
-def print_figure(rows: list[Row], name: str, limit: float) -> None:
-    healthy_rows = [r for r in rows if r.group == HEALTHY and figure(r, name) != math.inf]
-    worst = max(healthy_rows, key=lambda r: figure(r, name), default=None)
-    text = f"  {name:9}"
+def print_figure(rows: list[Row], name: str, limit: float | None) -> None:
+    """The healthy maximum of a figure and, where it has a limit, the margin to it and the
+    mildest broken fit it catches (without one: the broken minimum)."""
+    healthy_rows = [r for r in rows if r.group == HEALTHY and r.measure(name) != math.inf]
+    worst = max(healthy_rows, key=lambda r: r.measure(name), default=None)
+    text = f"  {name:7}"
     if worst is not None:
-        value = figure(worst, name)
-        margin = f"{limit / value:.2f}x" if value > limit / 1000 else "> 1000x"
-        text += (f" healthy max {value:6.1%} ({worst.fit.model} {worst.fit.recipe.name} "
-                 f"{worst.where}), margin {margin};")  # fmt: skip
-    caught = [r for r in rows if r.group == BROKEN and limit < figure(r, name) < math.inf]
-    mildest = min(caught, key=lambda r: figure(r, name), default=None)
+        value = worst.measure(name)
+        where = f"{worst.fit.model} {worst.fit.recipe.name} {worst.where}"
+        text += f" healthy max {value:6.1%} ({where})"
+        if limit is not None:
+            margin = f"{limit / value:.2f}x" if value > limit / 1000 else "> 1000x"
+            text += f", margin {margin}"
+        text += ";"
+    bound = limit if limit is not None else -1.0
+    caught = [r for r in rows if r.group == BROKEN and bound < r.measure(name) < math.inf]
+    mildest = min(caught, key=lambda r: r.measure(name), default=None)
     if mildest is not None:
-        value = figure(mildest, name)
-        text += (f" broken min {value:6.1%} over the {len(caught)} it catches "
-                 f"({mildest.fit.model} {mildest.fit.recipe.name} {mildest.where}), "
-                 f"margin {value / limit:.2f}x")  # fmt: skip
+        value = mildest.measure(name)
+        where = f"{mildest.fit.model} {mildest.fit.recipe.name} {mildest.where}"
+        if limit is None:
+            text += f" broken min {value:6.1%} ({where})"
+        else:
+            text += (f" broken min {value:6.1%} over the {len(caught)} it catches ({where}), "
+                     f"margin {value / limit:.2f}x")  # fmt: skip
     print(text)
 
 

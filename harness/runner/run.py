@@ -119,10 +119,11 @@ def batches_of(cells: Sequence[Cell], size: int) -> list[list[Cell]]:
     return batches
 
 
-def batch_key(cell: Cell) -> tuple[str, str, str, str]:
+def batch_key(cell: Cell) -> tuple[str, str, str, str, str]:
     """Cells that may share a forked process: one case on one device at one size and
-    stage (they share a reference)."""
-    return cell.case, cell.device, cell.size, cell.stage
+    stage (they share a reference), and for a fit one fix (judged by its own float64 fit)."""
+    fix = cell.fix if cell.stage == FIT_STAGE else ""
+    return cell.case, cell.device, cell.size, cell.stage, fix
 
 
 class Recorded:
@@ -316,7 +317,7 @@ def time_columns(
 
 def timing_batches(columns: dict[str, list[CellRecord]]) -> list[dict[str, list[CellRecord]]]:
     """The columns of one case on one device, timed in one forked process."""
-    batches: dict[tuple[str, str, str, str], dict[str, list[CellRecord]]] = {}
+    batches: dict[tuple[str, str, str, str, str], dict[str, list[CellRecord]]] = {}
     for name, column in columns.items():
         batches.setdefault(batch_key(column[0].cell), {})[name] = column
     return list(batches.values())

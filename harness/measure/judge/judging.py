@@ -30,7 +30,13 @@ from harness.measure.precision.dtypes import dtype_name, dtype_of
 from harness.measure.precision.outputs import output_leaves
 from harness.measure.running.crashes import crashed
 from harness.measure.running.errors import WorkloadFailed, case_root, error_fields
-from harness.measure.running.fitting import FitRun, fit_figures, shortfall_numerics, stall_reason
+from harness.measure.running.fitting import (
+    FitRun,
+    fit_figures,
+    shortfall_numerics,
+    stall_reason,
+)
+from harness.measure.running.fitting import evidence as fit_evidence
 from harness.measure.running.fix_run import FixRun, context_for, run_fix_checked
 from harness.measure.running.kinks import crossings, sides
 from harness.schema.axes import CONTROL_DTYPE, EAGER, Cell
@@ -267,18 +273,19 @@ def structure_change(first: Leaves, again: Leaves, reference: Leaves) -> str | N
 
 
 def judged_fit(cell: Cell, run: FitRun, record: CellRecord) -> CellRecord:
-    """A fit that ran: ``passes``, or ``inaccurate`` where it stalled (its loss not finite
-    or short of the float64 fit's progress, or its updates lost), with its figures."""
+    """A fit that ran: ``passes``, or ``inaccurate`` where it stalled (its loss not finite,
+    or ending beyond the same fix's float64 fit's), with its figures; the updates it lost
+    and the steps its GradScaler skipped are said beside, as evidence."""
     reference = reference_leaves(workpiece(cell))["loss"]
     figures = fit_figures(run, reference)
-    stalled = stall_reason(figures)
+    said = "; ".join(t for t in (stall_reason(figures), fit_evidence(figures)) if t)
     return replace(
         record,
-        outcome=Outcome.INACCURATE if stalled else Outcome.PASSES,
+        outcome=Outcome.INACCURATE if stall_reason(figures) else Outcome.PASSES,
         out_dtypes=forward_dtypes(run.forward_output),
         numerics=shortfall_numerics(figures),
         fit=figures,
-    ).noted(run.note, Note(NoteKind.FIT, stalled) if stalled else None)
+    ).noted(run.note, Note(NoteKind.FIT, said) if said else None)
 
 
 def forward_dtypes(output: object) -> tuple[str, ...]:

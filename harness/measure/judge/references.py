@@ -12,7 +12,7 @@ import dataclasses
 import io
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -57,10 +57,17 @@ REFERENCE_BACKENDS = ("sdpa", "eager")
 
 Leaves = dict[str, torch.Tensor]
 
-#: What a reference and its yardsticks belong to: (case, size, backend), a case at one
-#: workload size with the backend its reference runs on (the case's reference backend, or
-#: the cell's own where the case's reference is per backend; see ``workpiece``).
-Workpiece = tuple[str, str, str, str]
+class Workpiece(NamedTuple):
+    """What a reference and its yardsticks belong to: a case at one workload size with the
+    backend its reference runs on (the case's reference backend, or the cell's own where
+    the case's reference is per backend), at one stage, run by one fix (the case's
+    reference fix, or a fit cell's own: see ``workpiece``)."""
+
+    case: str
+    size: str
+    backend: str
+    stage: str
+    fix: str
 
 
 @dataclass(frozen=True)
@@ -86,13 +93,13 @@ _REFERENCE_RELUS: dict[Workpiece, tuple[torch.Tensor, ...]] = caches.keyed(
     f"{__name__}._REFERENCE_RELUS"
 )
 #: The trusted fix's error, computed on the cell's device, by (*workpiece, device, dtype).
-_BASELINES: dict[tuple[str, str, str, str, str, str], Baseline] = caches.keyed(
+_BASELINES: dict[tuple[str, str, str, str, str, str, str], Baseline] = caches.keyed(
     f"{__name__}._BASELINES"
 )
 #: The rounding yardstick, by (*workpiece, dtype or ``tf32``, parts kept in float32,
 #: whether the activations are rounded too).
-_ROUNDINGS: dict[tuple[str, str, str, str, str, tuple[str, ...], bool], Baseline] = caches.keyed(
-    f"{__name__}._ROUNDINGS"
+_ROUNDINGS: dict[tuple[str, str, str, str, str, str, tuple[str, ...], bool], Baseline] = (
+    caches.keyed(f"{__name__}._ROUNDINGS")
 )
 
 
@@ -109,22 +116,26 @@ def plain_cell(
     device: str = "cpu",
     backend: str = "",
     stage: str = FORWARD_STAGE,
+    fix: str = "",
 ) -> Cell:
-    """The reference fix run plainly (mode ``half``) at ``size``, at ``stage``: in float64
-    on the CPU it is the reference, in a cell's dtype on the cell's device the baseline."""
+    """The reference fix (or ``fix``) run plainly (mode ``half``) at ``size``, at ``stage``:
+    in float64 on the CPU it is the reference, in a cell's dtype on the cell's device the
+    baseline."""
     backend = backend or reference_backend(case)
-    return Cell(
-        case.name, case.reference_fix, device, dtype, "half", backend, size=size, stage=stage
-    )
+    fix = fix or case.reference_fix
+    return Cell(case.name, fix, device, dtype, "half", backend, size=size, stage=stage)
 
 
 def workpiece(cell: Cell) -> Workpiece:
     """The reference a cell is judged against: its case's at its size, on the case's
     reference backend, or on the cell's own where the case builds a different model per
-    backend (a model of yours whose factory reads ``ctx.backend``)."""
+    backend (a model of yours whose factory reads ``ctx.backend``). A fit is judged against
+    the float64 fit of its own fix (its optimizer, learning rate and data: only the
+    precision differs); every other stage against the case's reference fix."""
     case = registry.get(cell.case)
     backend = cell.backend if case.reference_per_backend else reference_backend(case)
-    return cell.case, cell.size, backend, cell.stage
+    fix = cell.fix if cell.stage == FIT_STAGE else case.reference_fix
+    return Workpiece(cell.case, cell.size, backend, cell.stage, fix)
 
 
 def reference_leaves(piece: Workpiece) -> Leaves:
@@ -142,12 +153,11 @@ def reference_leaves(piece: Workpiece) -> Leaves:
 
 
 def float64_run(piece: Workpiece) -> FixRun:
-    """The case's reference fix run plainly in float64 on the CPU (raises
-    ``WorkloadFailed`` where its workload cannot be built)."""
-    case_name, size, backend, stage = piece
-    case = registry.get(case_name)
-    ctx = context_for(case, plain_cell(case, "float64", size, backend=backend, stage=stage))
-    return run_fix_checked(case, case.reference_fix, ctx, trace=False)
+    """The workpiece's fix run plainly in float64 on the CPU (raises ``WorkloadFailed``
+    where its workload cannot be built)."""
+    case = registry.get(piece.case)
+    cell = plain_cell(case, "float64", piece.size, "cpu", piece.backend, piece.stage, piece.fix)
+    return run_fix_checked(case, piece.fix, context_for(case, cell), trace=False)
 
 
 def compute_reference(piece: Workpiece) -> Leaves:
@@ -204,7 +214,7 @@ def baseline(piece: Workpiece, device: str, dtype: str) -> Baseline:
 
 
 def compute_baseline(piece: Workpiece, device: str, dtype: str) -> Baseline:
-    case_name, size, backend, stage = piece
+    case_name, size, backend, stage, _ = piece
     case = registry.get(case_name)
     ctx = context_for(case, plain_cell(case, dtype, size, device, backend, stage))
     try:
@@ -262,7 +272,7 @@ def rounding(
 def compute_rounding(
     piece: Workpiece, dtype: str, keep: tuple[str, ...], activations: bool = False
 ) -> Baseline:
-    case_name, size, backend, stage = piece
+    case_name, size, backend, stage, _ = piece
     case = registry.get(case_name)
     ctx = context_for(case, plain_cell(case, "float64", size, backend=backend, stage=stage))
     try:
