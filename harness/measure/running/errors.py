@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.measure.authoring.case import Case
-from harness.measure.tracing.source_sites import shown_path
+from harness.measure.tracing.source_sites import HARNESS_DIR, is_library_file, shown_path
 
 #: The longest error message a record holds.
 MAX_MESSAGE = 4000
@@ -26,11 +26,20 @@ def error_text(error: BaseException) -> str:
 
 
 def own_frames(error: BaseException, root: Path) -> tuple[str, ...]:
-    """The innermost frames of the traceback in files under ``root``, as ``file:line in f``."""
+    """The innermost frames of the traceback in files under ``root``, as ``file:line in f``.
+
+    Where ``root`` is a case's or model's folder (not the harness's own), the frames of the
+    harness, torch, the test runner and the standard library are none of its code even
+    where they lie under it: a model checked from the project's root has the harness in its
+    folder, and the harness's frames between the model's call and torch (a dispatch mode's
+    ``__torch_dispatch__``, a ``TorchFunctionMode``'s ``__torch_function__``) would
+    otherwise be named as the place the model's error came from."""
+    harness_own = root.resolve().is_relative_to(HARNESS_DIR)
     frames = [
         frame
         for frame in traceback.extract_tb(error.__traceback__)
         if Path(frame.filename).resolve().is_relative_to(root)
+        and (harness_own or not is_library_file(frame.filename))
     ]
     return tuple(
         f"{shown_path(frame.filename)}:{frame.lineno} in {frame.name}"
