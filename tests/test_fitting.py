@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from cases.bf16_pure_weights import MasterWeightsAdamW
+from harness.measure.authoring.losses import TrainingError
 from harness.measure.precision.modes import Precision
 from harness.measure.running import fitting
 from harness.measure.running.fitting import (
@@ -220,3 +221,28 @@ def test_the_fit_steps_setting_is_the_processs() -> None:
         assert fitting.fit_steps() == 3
     finally:
         fitting.use_steps(before)
+
+
+def test_a_float16_adam_fit_not_finite_from_its_first_step_names_eps() -> None:
+    """AdamW's eps of 1e-8 is 0 in float16: the fit's note says so, not only that the loss
+    went non-finite; in bfloat16 (smallest normal 1e-38) the same eps holds."""
+    run = fitted(torch.float16, "half", 1e-3, steps=2)
+    assert not torch.isfinite(run.losses[1:]).all()
+    assert run.note is not None and run.note.text.startswith(
+        "the fit's loss is not finite from step 1: AdamW's eps (1e-08) is below float16's "
+        "smallest normal (6.1e-05) and is 0 in it"
+    )
+    assert fitted(torch.bfloat16, "half", 1e-3, steps=2).cause is None
+
+
+def test_an_optimizer_that_refuses_sparse_gradients_is_one_line_naming_it() -> None:
+    torch.manual_seed(0)
+    model = nn.Embedding(10, 4, sparse=True)
+    ids = torch.tensor([1, 2, 3])
+    with pytest.raises(TrainingError) as raised:
+        fit(lambda: model(ids), lambda out: out.pow(2).mean(), model,
+            Precision(CPU, torch.float32, "fp32"), lr=1e-3, steps=1)  # fmt: skip
+    assert str(raised.value) == (
+        "the fit's optimizer, AdamW, does not take sparse gradients (grad.weight is sparse): "
+        "name a recipe whose optimizer does (torch.optim.SparseAdam, SGD)"
+    )

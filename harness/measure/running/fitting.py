@@ -32,6 +32,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from harness.measure.authoring.case import OptimizerFactory
+from harness.measure.authoring.losses import TrainingError
 from harness.measure.precision.modes import Precision, autocast_region
 from harness.measure.running.training import (
     make_grad_scaler,
@@ -93,6 +94,9 @@ class FitRun:
     skipped_steps: int
     final_scale: float | None
     lost_share: float
+    #: What in the recipe makes the fit fail in this dtype whatever the model (an Adam
+    #: ``eps`` that is 0 in it), or None: said where the loss is not finite.
+    cause: str | None = None
 
     @property
     def leaves(self) -> dict[str, torch.Tensor]:
@@ -100,6 +104,13 @@ class FitRun:
 
     @property
     def note(self) -> Note | None:
+        """The recipe's cause of a loss that is not finite, else what the GradScaler
+        skipped, if it did."""
+        if self.cause is not None and not bool(torch.isfinite(self.losses).all()):
+            step = int((~torch.isfinite(self.losses)).nonzero()[0])
+            return Note(
+                NoteKind.FIT, f"the fit's loss is not finite from step {step}: {self.cause}"
+            )
         if not self.skipped_steps:
             return None
         return Note(
@@ -233,7 +244,30 @@ def fit(
             skipped,
             scaler.get_scale() if scaler is not None else None,
             ledger.lost_share(),
+            eps_cause(optimizer),
         )
+
+
+def eps_cause(optimizer: torch.optim.Optimizer) -> str | None:
+    """An ``eps`` (Adam's, RMSprop's, ...) below the smallest normal of the dtype of the
+    weights it divides the update of: 1e-8 is 0 in float16 (its smallest subnormal is
+    6e-8), so a weight whose squared gradient underflows divides 0 by 0 from the first
+    step; None where every group's ``eps`` holds in its weights' dtype."""
+    for group in optimizer.param_groups:
+        eps = group.get("eps")
+        if not isinstance(eps, float) or eps <= 0.0:
+            continue
+        for dtype in dict.fromkeys(p.dtype for p in group["params"] if p.is_floating_point()):
+            tiny = torch.finfo(dtype).tiny
+            if eps < tiny:
+                held = float(torch.tensor(eps, dtype=dtype))
+                return (
+                    f"{type(optimizer).__name__}'s eps ({eps:g}) is below "
+                    f"{str(dtype).removeprefix('torch.')}'s smallest normal ({tiny:.3g}) and "
+                    f"is {held:g} in it: a weight whose squared gradient underflows divides "
+                    "by it (a larger eps, or float32 master weights, holds)"
+                )
+    return None
 
 
 @contextmanager
@@ -271,14 +305,40 @@ def optimizer_step(optimizer: torch.optim.Optimizer, scaler: Any, ledger: Update
             scaler.step(optimizer)  # skips the step, as a fit's loop would call it
             scaler.update()
             return False
-    ledger.record_before()
-    if scaler is not None:
-        scaler.step(optimizer)
-        scaler.update()
-    else:
-        optimizer.step()
+    try:
+        ledger.record_before()
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+    except RuntimeError as error:
+        refused = sparse_refusal(optimizer, ledger.params, error)
+        if refused is None:
+            raise
+        raise refused from error
     ledger.record_after()
     return True
+
+
+def sparse_refusal(
+    optimizer: torch.optim.Optimizer, params: dict[str, torch.Tensor], error: RuntimeError
+) -> TrainingError | None:
+    """An optimizer that refused a sparse gradient (``nn.Embedding(sparse=True)`` under
+    Adam: "Adam does not support sparse gradients"), as one line naming the optimizer and
+    the parameter; None for any other error."""
+    if "sparse" not in str(error):
+        return None
+    sparse = next(
+        (name for name, p in params.items() if p.grad is not None and p.grad.is_sparse), None
+    )
+    if sparse is None:
+        return None
+    return TrainingError(
+        f"the fit's optimizer, {type(optimizer).__name__}, does not take sparse gradients "
+        f"(grad.{sparse} is sparse): name a recipe whose optimizer does "
+        "(torch.optim.SparseAdam, SGD)"
+    )
 
 
 def scalar_loss_value(loss: Any) -> torch.Tensor:
@@ -379,8 +439,9 @@ def evidence(figures: FitFigures) -> str | None:
     """What the optimizer's updates show beside the verdict, where worth saying: the share
     of them the weights' rounding dropped (the GradScaler's skipped steps have their own
     note, :attr:`FitRun.note`)."""
-    if not figures.lost_share >= LOST_WORTH_SAYING:
-        return None
+    finite = all(math.isfinite(v) for v in figures.losses)
+    if not finite or not figures.lost_share >= LOST_WORTH_SAYING:
+        return None  # a step that made the weights not finite lost nothing to rounding
     return (
         f"{figures.lost_share:.0%} of the updates the optimizer computed were lost to the "
         "weights' rounding"
