@@ -294,8 +294,27 @@ def _import_case_module(path: Path) -> tuple[str, ...]:
     # new names, and names the module registered again (run anew, it replaces its cases)
     added = tuple(sorted(n for n, case in _REGISTRY.items() if before.get(n) is not case))
     if len(added) != 1:
-        raise CaseContractError(f"{path}: registers {len(added)} cases, expected exactly one")
+        imported = imported_cases(path, added)
+        raise CaseContractError(
+            f"{path}: registers {len(added)} cases, expected exactly one{imported}"
+        )
     return added
+
+
+def imported_cases(path: Path, added: tuple[str, ...]) -> str:
+    """What a module that registered cases of other files imported, and how to share code
+    instead: a module whose name starts with ``_`` is a helper, never a case module."""
+    others = [
+        f"{name} ({_REGISTRY[name].source_file})"
+        for name in added
+        if Path(_REGISTRY[name].source_file).resolve() != path.resolve()
+    ]
+    if not others:
+        return ""
+    return (
+        f"; it imports the case module of {', '.join(others)}: put code that case modules "
+        "share in a module whose name starts with _ (a helper, which registers nothing)"
+    )
 
 
 def probe_imports(paths: list[Path]) -> None:
