@@ -19,7 +19,7 @@ from harness.measure import execute
 from harness.measure.authoring.model_case import Matrix, model_case
 from harness.measure.judge.numerics import ROUNDING_FACTOR, rounding_ratio
 from harness.measure.judge.rounding import rounding_outputs, stored_rounding
-from harness.measure.running import kinks
+from harness.measure.running import replay
 from harness.runner.matrix import expand
 from harness.schema.axes import TRAIN_STAGE
 from harness.schema.records import CellRecord, NoteKind, outcome_label
@@ -90,18 +90,18 @@ def test_a_healthy_relu_encoder_48_layers_deep_passes_along_its_own_sides_of_the
 ) -> None:
     """Units within rounding of a ReLU's kink cross it by chance, and each crossing moves
     the gradients before it by the unit's whole share: judged against float64 along the
-    cell's own sides (harness.measure.running.kinks) the step passes; without the band (width 0)
+    cell's own sides (harness.measure.running.replay) the step passes; without the band (width 0)
     the same step reads tens to hundreds of times its rounding."""
     record = train_cell("relu-48l-train", relu_encoder, dtype, mode)
     assert outcome_label(record) == "passes"
-    assert [n.kind for n in record.notes if n.kind == NoteKind.KINKS] == [NoteKind.KINKS]
+    assert [n.kind for n in record.notes if n.kind == NoteKind.REPLAYED] == [NoteKind.REPLAYED]
     assert record.numerics is not None
     assert (rounding_ratio(record.numerics) or 0) < ROUNDING_FACTOR / 2
-    monkeypatch.setattr(kinks, "KINK_WIDTH", 0.0)
+    monkeypatch.setattr(replay, "KINK_WIDTH", 0.0)
     without = train_cell("relu-48l-train-no-band", relu_encoder, dtype, mode)
     assert outcome_label(without) == "inaccurate" and without.numerics is not None
     assert (rounding_ratio(without.numerics) or 0) > ratio_without / 2
-    assert not any(n.kind == NoteKind.KINKS for n in without.notes)
+    assert not any(n.kind == NoteKind.REPLAYED for n in without.notes)
 
 
 def test_a_weight_gradient_accumulated_in_a_half_buffer_fails_in_train(
@@ -137,7 +137,7 @@ def test_a_gradient_summed_in_half_still_fails_through_a_relu(clean_registry: No
     """Crossings of the kink are forgiven; a gradient summed in half precision is not."""
     record = train_cell("relu-token-by-token", token_by_token_relu, "float16", "half")
     assert outcome_label(record) == "inaccurate"
-    assert any(n.kind == NoteKind.KINKS for n in record.notes)
+    assert any(n.kind == NoteKind.REPLAYED for n in record.notes)
     assert record.numerics is not None and (record.numerics.leaf or "").startswith("grad.")
     assert (rounding_ratio(record.numerics) or 0) > ROUNDING_FACTOR
 

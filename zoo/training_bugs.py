@@ -21,7 +21,7 @@ The kinds:
   ``chunk_size_feed_forward`` of BERT-style models) one token at a time over 1024 tokens:
   autograd sums the weights' 1024 per-chunk gradients in the weights' dtype (the twin: the
   same feed-forward unchunked, one matmul per weight); once with GELU, once with T5's and
-  OPT's ReLU, whose units cross the kink by chance (see ``harness.measure.running.kinks``);
+  OPT's ReLU, whose units cross the kink by chance (see ``harness.measure.running.replay``);
 * **gradient buffer**: a memory-saving linear layer (a custom ``autograd.Function``, as
   fused or chunked linear-loss kernels are written) whose backward accumulates the weight
   gradient chunk by chunk, 1024 chunks of two rows, into a buffer of the weight's dtype
@@ -97,7 +97,7 @@ class ChunkedFeedForward(nn.Module):
 
 def chunked_relu_feed_forward(safe: bool) -> ChunkedFeedForward:
     """The chunked feed-forward with T5's and OPT's ReLU: its gradient jumps where a unit
-    crosses the kink (see ``harness.measure.running.kinks``), and the bug must still show."""
+    crosses the kink (see ``harness.measure.running.replay``), and the bug must still show."""
     return ChunkedFeedForward(safe, activation=F.relu)
 
 

@@ -97,8 +97,13 @@ class NoteKind(str, Enum):
     #: Why a fit stalled (its loss, or the updates it lost).
     FIT = "fit"
     #: A training step's ReLU units crossed the kink within rounding of it: judged along
-    #: its own sides (see ``harness.measure.running.kinks``).
+    #: its own sides (records written before random draws and other choices were replayed;
+    #: now ``REPLAYED``).
     KINKS = "kinks"
+    #: The float64 reference was taken again with the cell's random draws and its discrete
+    #: choices within rounding, or the cell's draws could not stand for float64's (see
+    #: ``harness.measure.running.replay``).
+    REPLAYED = "replayed"
     #: A training step's GradScaler skipped steps (gradients not finite) before it ran.
     SCALER = "scaler"
     #: A training step's gradients were not finite: the first parameter whose gradient went

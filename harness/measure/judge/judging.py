@@ -5,6 +5,7 @@ within a tolerance from yardsticks that are not the code under test (the rule is
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -20,7 +21,7 @@ from harness.measure.judge.references import (
     leaf_label,
     reference_along,
     reference_leaves,
-    reference_relus,
+    reference_record,
     rounding,
     structure_problem,
     workpiece,
@@ -38,8 +39,8 @@ from harness.measure.running.fitting import (
 )
 from harness.measure.running.fitting import evidence as fit_evidence
 from harness.measure.running.fix_run import FixRun, context_for, run_fix_checked
-from harness.measure.running.kinks import crossings, sides
-from harness.schema.axes import CONTROL_DTYPE, EAGER, Cell
+from harness.measure.running.replay import Recorded, plan_replay, replay_note
+from harness.schema.axes import CONTROL_DTYPE, EAGER, TRAIN_STAGE, Cell
 from harness.schema.devices import CUDA, device_kind
 from harness.schema.kernel_kinds import MATMUL
 from harness.schema.records import (
@@ -75,7 +76,7 @@ def ran(case: Case, cell: Cell, run: FixRun, record: CellRecord) -> CellRecord:
         check_has_values(leaves)
     except TypeError as error:
         return crashed(record, CrashKind.CONTRACT, error, case)
-    return judged(case, cell, leaves, record, run.relu_inputs)
+    return judged(case, cell, leaves, record, run.recorded)
 
 
 #: The outcomes that are a verdict on the cell's code: it raised, or ran and was judged.
@@ -149,14 +150,14 @@ def judged(
     cell: Cell,
     leaves: Leaves,
     record: CellRecord,
-    relu_inputs: tuple[torch.Tensor, ...] = (),
+    recorded: Recorded | None = None,
 ) -> CellRecord:
     """A cell that ran: ``passes`` or ``inaccurate``, with the worst leaf's figures (and
     each leaf's, where the output has several) and the yardsticks they were judged by; a
-    training step along its own sides of the ReLU kinks (``relu_inputs``)."""
+    computation along its own random draws and choices (``recorded``)."""
     piece = workpiece(cell)
-    reference, kinks_note = reference_for(piece, cell, relu_inputs)
-    record = record.noted(kinks_note)
+    reference, replay_said = reference_for(piece, cell, recorded)
+    record = record.noted(replay_said)
     out_dtypes = leaf_dtypes(leaves)
     problem = structure_problem(leaves, reference)
     if problem:
@@ -183,29 +184,44 @@ def judged(
 
 
 def reference_for(
-    piece: Workpiece, cell: Cell, relu_inputs: tuple[torch.Tensor, ...]
+    piece: Workpiece, cell: Cell, recorded: Recorded | None
 ) -> tuple[Leaves, Note | None]:
-    """The float64 reference a cell is judged against: the case's, or, where the cell's
-    training step put ReLU units across the kink within the band, the reference taken
-    along the cell's sides, with a note saying how many (see
-    :mod:`harness.measure.running.kinks`)."""
+    """The float64 reference a cell is judged against: the case's, or, where the cell drew
+    other random numbers than float64 or made a choice otherwise within rounding of the
+    other outcome, the reference taken again along the cell's draws and choices, with a
+    note saying what was replayed (see :mod:`harness.measure.running.replay`)."""
     reference = reference_leaves(piece)
-    if not relu_inputs:
+    if cell.compile != EAGER:
+        return reference, compiled_draws_note(reference_record(piece).draws)
+    if recorded is None:
         return reference, None
-    cell_sides, dtype = sides(relu_inputs), kinks_dtype(cell)
-    crossed = crossings(reference_relus(piece), cell_sides, dtype)
-    along = reference_along(piece, cell_sides, dtype) if crossed else None
+    dtype = band_dtype(cell)
+    plan = plan_replay(reference_record(piece), recorded, dtype, cell.stage == TRAIN_STAGE)
+    if plan is None:
+        return reference, None
+    along = reference_along(piece, plan, dtype) if plan.draws or plan.choices else None
     if along is None:
-        return reference, None
-    text = (
-        f"{crossed} ReLU unit(s) within rounding of the kink took the other side "
-        "than float64's: judged against float64 taken along the same sides"
+        text = replay_note(None, plan)
+        return reference, Note(NoteKind.REPLAYED, text) if text else None
+    leaves, replay = along
+    text = replay_note(replay, plan)
+    return leaves, Note(NoteKind.REPLAYED, text) if text else None
+
+
+def compiled_draws_note(draws: Sequence[object]) -> Note | None:
+    """A compiled cell's random draws are Inductor's, out of the recorder's sight: where
+    float64 drew, a note says they were not replayed."""
+    if not draws:
+        return None
+    return Note(
+        NoteKind.REPLAYED,
+        f"compiled: the cell's random draws cannot be replayed (float64 drew {len(draws)} "
+        "time(s)); judged against float64's own",
     )
-    return along, Note(NoteKind.KINKS, text)
 
 
-def kinks_dtype(cell: Cell) -> str:
-    """Whose resolution a cell's ReLU sides are judged by: its dtype's (TF32's for a
+def band_dtype(cell: Cell) -> str:
+    """Whose resolution a cell's choices are judged by: its dtype's (TF32's for a
     float32 control on a GPU, which may compute its matmuls in it)."""
     control_on_gpu = cell.dtype == CONTROL_DTYPE and device_kind(cell.device) == CUDA
     return "tf32" if control_on_gpu else cell.dtype

@@ -42,7 +42,7 @@ from harness.measure.running.fix_run import (
     prepared_workload,
     run_fix_checked,
 )
-from harness.measure.running.kinks import KinkReplay, sides
+from harness.measure.running.replay import Recorded, Replay, ReplayPlan, run_replayed
 from harness.schema.axes import (
     CONTROL_DTYPE,
     CONTROL_MODE,
@@ -87,11 +87,9 @@ _REFERENCES: dict[Workpiece, Leaves] = caches.keyed(f"{__name__}._REFERENCES")
 _REFERENCE_FAILURES: dict[Workpiece, BaseException] = caches.keyed(
     f"{__name__}._REFERENCE_FAILURES"
 )
-#: The float64 reference's ReLU inputs, call by call, by workpiece (a training step's; see
-#: :mod:`harness.measure.running.kinks`).
-_REFERENCE_RELUS: dict[Workpiece, tuple[torch.Tensor, ...]] = caches.keyed(
-    f"{__name__}._REFERENCE_RELUS"
-)
+#: What the float64 reference drew at random and chose, by workpiece (a forward's or a
+#: training step's; see :mod:`harness.measure.running.replay`).
+_REFERENCE_RECORDS: dict[Workpiece, Recorded] = caches.keyed(f"{__name__}._REFERENCE_RECORDS")
 #: The trusted fix's error, computed on the cell's device, by (*workpiece, device, dtype).
 _BASELINES: dict[tuple[str, str, str, str, str, str, str], Baseline] = caches.keyed(
     f"{__name__}._BASELINES"
@@ -167,31 +165,42 @@ def compute_reference(piece: Workpiece) -> Leaves:
         raise ReferenceFailed(failure.error) from failure
     if run.error is not None:
         raise ReferenceFailed(run.error)
-    _REFERENCE_RELUS[piece] = tuple(x.to("cpu", torch.float64) for x in run.relu_inputs)
+    if run.recorded is not None:
+        _REFERENCE_RECORDS[piece] = run.recorded
     return float64_leaves(judged_output(run.output))
 
 
-def reference_relus(piece: Workpiece) -> tuple[torch.Tensor, ...]:
-    """The float64 reference's ReLU inputs, call by call (none outside a training step)."""
+def reference_record(piece: Workpiece) -> Recorded:
+    """What the float64 reference drew at random and chose (nothing for a fit)."""
     reference_leaves(piece)
-    return _REFERENCE_RELUS.get(piece, ())
+    return _REFERENCE_RECORDS.get(piece, Recorded())
 
 
 def reference_along(
-    piece: Workpiece, cell_sides: tuple[torch.Tensor, ...], dtype: str
-) -> Leaves | None:
-    """The float64 reference taken again with its ReLU units within the band of the kink
-    on the cell's sides (see :mod:`harness.measure.running.kinks`); None where its ReLU calls turn
-    out not to be the ones recorded."""
-    replay = KinkReplay(cell_sides, dtype)
+    piece: Workpiece, plan: ReplayPlan, dtype: str
+) -> tuple[Leaves, Replay] | None:
+    """The float64 reference taken again with a cell's random draws and its choices within
+    the band of the other outcome (see :mod:`harness.measure.running.replay`), and the
+    replay (what it moved); None where the run turned out not to draw or choose as the
+    cell did (another op or shape at some place). Its workload is built before the replay
+    starts: what building it draws is its own."""
+    case = registry.get(piece.case)
+    cell = plain_cell(case, "float64", piece.size, "cpu", piece.backend, piece.stage, piece.fix)
+    ctx = context_for(case, cell)
     try:
-        with replay:
-            run = float64_run(piece)
+        workload = prepared_workload(case, ctx, case.kept_by(piece.fix))
+        run, replay = run_replayed(
+            lambda: run_fix_checked(
+                case, piece.fix, ctx, trace=False, workload=workload, record=False
+            ),
+            plan,
+            dtype,
+        )
     except WorkloadFailed:
         return None
     if run.error is not None or not replay.fits:
         return None
-    return float64_leaves(judged_output(run.output))
+    return float64_leaves(judged_output(run.output)), replay
 
 
 def float64_leaves(output: Any) -> Leaves:
@@ -218,7 +227,7 @@ def compute_baseline(piece: Workpiece, device: str, dtype: str) -> Baseline:
     case = registry.get(case_name)
     ctx = context_for(case, plain_cell(case, dtype, size, device, backend, stage))
     try:
-        run = run_fix_checked(case, case.reference_fix, ctx, trace=False)
+        run = run_fix_checked(case, case.reference_fix, ctx, trace=False, record=False)
     except WorkloadFailed as failure:
         run = FixRun(error=failure.error)
     return errors_against_reference(run, piece)
@@ -280,19 +289,23 @@ def compute_rounding(
         model_keep = split_kept(keep, workload.inputs)[0]
         with (
             stored_rounding(workload.model, dtype, model_keep, activations, stage),
-            float64_kinks(piece, dtype),
+            float64_choices(piece, dtype),
         ):
-            run = run_fix_checked(case, case.reference_fix, ctx, trace=False, workload=workload)
+            run = run_fix_checked(
+                case, case.reference_fix, ctx, trace=False, workload=workload, record=False
+            )
     except WorkloadFailed as failure:
         run = FixRun(error=failure.error)
     return errors_against_reference(run, piece)
 
 
-def float64_kinks(piece: Workpiece, dtype: str) -> KinkReplay | nullcontext[None]:
-    """In a training step's rounding yardstick, every ReLU unit within the band of the
-    kink takes float64's side (see :mod:`harness.measure.running.kinks`)."""
-    relus = reference_relus(piece) if piece[3] == TRAIN_STAGE else ()
-    return KinkReplay(sides(relus), dtype) if relus else nullcontext()
+def float64_choices(piece: Workpiece, dtype: str) -> Replay | nullcontext[None]:
+    """In a rounding yardstick, every discrete choice within the band of the other outcome
+    takes float64's (see :mod:`harness.measure.running.replay`); its random draws are
+    float64's own (a float64 run from the same seed)."""
+    choices = reference_record(piece).choices
+    kinks = piece.stage == TRAIN_STAGE
+    return Replay(None, choices, dtype, kinks) if choices else nullcontext()
 
 
 def rounded_workload(case: Case, ctx: RunContext, dtype: str, keep: tuple[str, ...]) -> Workload:
@@ -357,7 +370,7 @@ def reference_figures(piece: Workpiece, device: str) -> bytes | None:
     torch.save(
         {
             "reference": reference,
-            "relus": list(reference_relus(piece)),
+            "record": reference_record(piece).to_data(),
             "roundings": [(d, list(k), a, dataclasses.asdict(b)) for d, k, a, b in roundings],
         },
         buffer,
@@ -369,7 +382,7 @@ def remember_reference_figures(piece: Workpiece, data: bytes) -> None:
     """Hold what ``reference_figures`` computed in another process."""
     loaded = torch.load(io.BytesIO(data), weights_only=True)
     _REFERENCES[piece] = loaded["reference"]
-    _REFERENCE_RELUS[piece] = tuple(loaded["relus"])
+    _REFERENCE_RECORDS[piece] = Recorded.from_data(loaded["record"])
     for dtype, keep, activations, figures in loaded["roundings"]:
         _ROUNDINGS[(*piece, dtype, tuple(keep), activations)] = Baseline(**figures)
 

@@ -1,6 +1,6 @@
 """Running one fix of a cell: the call and its checks (``fix_run``), a training step with its
-mode's recipe (``training``), a short fit (``fitting``), the ReLU inputs a training step is
-judged along (``kinks``), the error a cell raised (``errors``) and the records of cells with
+mode's recipe (``training``), a short fit (``fitting``), the random draws and discrete choices
+a cell is judged along (``replay``), the error a cell raised (``errors``) and the records of cells with
 no outcome of their own (``crashes``).
 
 May import: ``host``, ``precision``, ``tracing``, ``authoring``.

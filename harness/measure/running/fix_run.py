@@ -31,11 +31,11 @@ from harness.measure.precision.modes import Precision, autocast_region
 from harness.measure.precision.outputs import output_leaves_or_none
 from harness.measure.running import fitting, training
 from harness.measure.running.errors import WorkloadFailed
-from harness.measure.running.kinks import KinkRecorder
+from harness.measure.running.replay import Recorded, Recorder
 from harness.measure.tracing.python_watch import PythonWatch, watch_python
 from harness.measure.tracing.tensor_marks import Names
 from harness.measure.tracing.trail import DtypeTracer, tracing
-from harness.schema.axes import EAGER, FIT_STAGE, TRAIN_STAGE, Cell
+from harness.schema.axes import EAGER, FIT_STAGE, FORWARD_STAGE, TRAIN_STAGE, Cell
 from harness.schema.records import Flag, Note
 from harness.schema.trail_records import Drift, Trail
 
@@ -149,8 +149,9 @@ class FixRun:
     warnings: tuple[str, ...] = ()
     #: What the checks found worth saying but not worth a flag (a small float32 island).
     note: Note | None = None
-    #: A training step's ReLU inputs, call by call (see :mod:`harness.measure.running.kinks`).
-    relu_inputs: tuple[torch.Tensor, ...] = ()
+    #: What the run drew at random and chose, in order (see
+    #: :mod:`harness.measure.running.replay`); None where it was not recorded.
+    recorded: Recorded | None = None
 
 
 def run_fix_checked(
@@ -160,11 +161,13 @@ def run_fix_checked(
     trace: bool = True,
     compile_mode: str = EAGER,
     workload: Workload | None = None,
+    record: bool = True,
 ) -> FixRun:
     """Build, apply the precision, call the fix once under the dtype tracer; then check that
     the precision took and that the computation did what the mode promised. A compiled run is
     neither traced nor watched (both would see Dynamo's work, not the model's). ``workload``
-    is one already prepared (the rounding yardstick's)."""
+    is one already prepared (the rounding yardstick's). ``record``: keep what the run drew
+    and chose, where its stage has them replayed (a yardstick's run needs none)."""
     keep = case.kept_by(fix)
     ready = prepared_workload(case, ctx, keep) if workload is None else workload
     compiled = compiled_fix(case, fix, compile_mode)
@@ -175,12 +178,12 @@ def run_fix_checked(
     if trace and compiled is None:
         names = Names.of_workload(ready.model, ready.inputs, keep)
         tracer = DtypeTracer(ctx.dtype, names, watch, root=ready.model)
-    relus = KinkRecorder(keep_values=not trace) if records_relus(ctx, compiled) else None
+    recorder = choice_recorder(ctx, compiled, tracer) if record else None
     output, error, texts = watched_call(
         lambda: call_fix(case, fix, ready, ctx, compiled),
         watch if watched else None,
         tracer,
-        relus,
+        recorder,
     )
     output, forward_output, step_note = step_parts(output)
     trail, drifted, island_note = traced_findings(tracer, forward_output, error, ctx.precision)
@@ -193,14 +196,23 @@ def run_fix_checked(
         undone_upcast_flag(tracer.undone_upcast() if tracer is not None else None),
     )
     note = step_note or island_note
-    relu_inputs = tuple(x.detach() for x in relus.inputs) if relus is not None else ()
-    return FixRun(output, error, tuple(f for f in found if f), trail, texts, note, relu_inputs)
+    recorded = recorder.recorded.on_cpu() if recorder is not None else None
+    return FixRun(output, error, tuple(f for f in found if f), trail, texts, note, recorded)
 
 
-def records_relus(ctx: RunContext, compiled: Any) -> bool:
-    """A training step's ReLU inputs are kept, to judge it along its own sides of the
-    kinks (see :mod:`harness.measure.running.kinks`); a compiled one's are Dynamo's to see."""
-    return ctx.stage == TRAIN_STAGE and compiled is None
+def choice_recorder(ctx: RunContext, compiled: Any, tracer: DtypeTracer | None) -> Recorder | None:
+    """What keeps a forward's or a training step's random draws and discrete choices (its
+    elementwise kinks in a training step only), to judge it against float64 taken along
+    them (see :mod:`harness.measure.running.replay`); None for a compiled run (Inductor draws
+    and chooses in its own kernels) and for a forward under autocast with no tracer, which
+    alone switches autocast back on around the fused layer ops a dispatch mode runs without
+    it (see :mod:`harness.measure.tracing.trail`; a training step runs none: they are
+    inference paths)."""
+    if compiled is not None or ctx.stage not in (FORWARD_STAGE, TRAIN_STAGE):
+        return None
+    if ctx.stage == FORWARD_STAGE and ctx.precision.uses_autocast and tracer is None:
+        return None
+    return Recorder(kinks=ctx.stage == TRAIN_STAGE, reference=ctx.precision.is_reference)
 
 
 def step_parts(output: Any) -> tuple[Any, Any, Note | None]:
@@ -222,9 +234,9 @@ def watched_call(
     call: Callable[[], Any],
     watch: PythonWatch | None,
     tracer: DtypeTracer | None,
-    relus: KinkRecorder | None = None,
+    recorder: Recorder | None = None,
 ) -> tuple[Any, BaseException | None, tuple[str, ...]]:
-    """``call()`` under the watch, the tracer and the ReLU recorder where given: its
+    """``call()`` under the watch, the tracer and the choice recorder where given: its
     output, the exception it raised (every failure of the code under test is a result, not
     an error here) and the warnings it raised."""
     output, error = None, None
@@ -234,7 +246,7 @@ def watched_call(
             with (
                 watch_python(watch) if watch is not None else nullcontext(),
                 tracing(tracer) if tracer is not None else nullcontext(),
-                relus if relus is not None else nullcontext(),
+                recorder if recorder is not None else nullcontext(),
             ):
                 output = call()
         except Exception as raised:
