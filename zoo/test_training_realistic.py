@@ -1,0 +1,88 @@
+"""The train stage's acceptance models (``zoo/training_realistic.py``): each healthy model
+passes every cell, and each bug does not pass where its truth, measured with plain torch,
+shows it costs more than ten times its healthy twin (see ``zoo/training_table.py``).
+
+One test per family, twin, stage and cell, each run as ``check`` runs a model; a failing
+test here is a verdict the harness gets wrong, against the measured truth.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from harness.schema.records import Outcome, outcome_label
+from zoo.training_realistic import FAMILIES
+from zoo.training_table import (
+    CELLS,
+    bug_expected,
+    cell_truth,
+    check_cell,
+    healthy_expected,
+    unexpressible,
+    verdict_text,
+)
+from zoo.training_truth import layer_norm_kernel_cost
+
+PARAMS = [
+    pytest.param(family, stage, dtype, mode, id=f"{family}-{stage}-{dtype}-{mode}")
+    for family, spec in FAMILIES.items()
+    for stage in spec.stages
+    for dtype, mode in CELLS
+]
+
+
+def reads(expected: str, family: str, healthy: bool, stage: str, dtype: str, mode: str) -> None:
+    """The cell's verdict is the one ``expected`` asks for (``passes``: a plain pass, as
+    the pytest plugin asks of a model; ``not passes``: inaccurate, or raises; ``any
+    verdict``: passes or inaccurate; a crash is never a verdict)."""
+    record = check_cell(family, healthy, stage, dtype, mode)
+    truth = cell_truth(family, dtype, mode)
+    said = (
+        f"{'healthy' if healthy else 'bug'} {stage} {dtype}/{mode}: {verdict_text(record)}; "
+        f"truth: healthy {truth.healthy:.3g}, bug {truth.bug:.3g}, the bug's cost "
+        f"{truth.cost:.3g}x at {truth.leaf}"
+    )
+    plain_pass = record.outcome is Outcome.PASSES and not record.flags
+    if expected == "passes":
+        assert plain_pass, f"expected passes: {said}"
+    elif expected == "not passes":
+        assert record.outcome in (Outcome.INACCURATE, Outcome.RAISES), (
+            f"expected not passes: {said}"
+        )
+    else:
+        assert record.outcome in (Outcome.PASSES, Outcome.INACCURATE), (
+            f"expected a verdict ({outcome_label(record)}): {said}"
+        )
+
+
+@pytest.mark.parametrize(("family", "stage", "dtype", "mode"), PARAMS)
+def test_healthy_model(family: str, stage: str, dtype: str, mode: str) -> None:
+    why = unexpressible(family, dtype, mode)
+    if why is not None:
+        pytest.skip(why)
+    reads(healthy_expected(family, dtype), family, True, stage, dtype, mode)
+
+
+@pytest.mark.parametrize(("family", "stage", "dtype", "mode"), PARAMS)
+def test_bug(family: str, stage: str, dtype: str, mode: str) -> None:
+    cost = cell_truth(family, dtype, mode).cost
+    reads(bug_expected(cost, stage), family, False, stage, dtype, mode)
+
+
+def test_every_bug_costs_somewhere() -> None:
+    """Each bug is a real one: in some cell it costs more than ten times its healthy twin
+    (else its cells would test nothing)."""
+    for family in FAMILIES:
+        costs = [cell_truth(family, dtype, mode).cost for dtype, mode in CELLS]
+        assert max(costs) > 10.0, f"{family}: its bug costs at most {max(costs):.3g}x"
+
+
+def test_layer_norm_kernel_cost_is_measured() -> None:
+    """The one healthy cell the tests accept as inaccurate rests on a fact: torch's CPU
+    LayerNorm backward, over 2048 rows in bfloat16, costs far more than rounding its sum
+    once (half an eps), and in float32 not."""
+    assert layer_norm_kernel_cost("bfloat16") > 10.0
+    assert layer_norm_kernel_cost("float32") < 10.0
+    assert not math.isnan(layer_norm_kernel_cost("float16"))
