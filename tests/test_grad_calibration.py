@@ -164,25 +164,27 @@ def test_the_gradient_a_module_receives_is_rounded_as_its_output_is() -> None:
 
 
 def test_a_simulated_rounding_moves_the_gradient_by_noise_of_its_own() -> None:
-    """float32 data are rounded by noise: the gradient gets its own, not the value's."""
+    """float32 data are rounded by noise: the gradient gets its own, not the value's (an
+    integer gradient, which float32 holds exactly, is not moved)."""
     model = nn.Linear(64, 64).double()
     x = torch.randn(4, 64, dtype=torch.float64)
+    upstream = torch.full((4, 64), 0.1, dtype=torch.float64)
     exact = model(x)
     with rounding_outputs(model, "float32", ()):
         out = model(x)
-    out.backward(torch.ones_like(out))
+    out.backward(upstream)
     assert model.bias.grad is not None
     value_noise = out.detach() / exact.detach() - 1
-    grad_noise = model.bias.grad / 4 - 1
+    grad_noise = model.bias.grad / 0.4 - 1
     assert 0 < grad_noise.abs().max() <= 4 * 2.0**-24
     assert not torch.allclose(grad_noise, value_noise.mean(0), rtol=0, atol=2.0**-30)
 
 
-def test_under_autocast_a_float16_gradient_is_rounded_as_the_scaled_recipe_holds_it() -> None:
-    """float16 autocast trains with a GradScaler: a gradient of 1e-7, below float16's
-    smallest normal number, is held scaled (2**16 times larger) and keeps its precision in
-    the yardstick, so an unscaled step that loses it is not excused; unscaled, it would
-    lose it."""
+def test_a_float16_gradient_is_rounded_as_a_scaled_step_holds_it() -> None:
+    """A gradient of 1e-7, below float16's smallest normal number, is held as a GradScaler
+    holds it (2**16 times larger) and keeps its precision in the yardstick, under autocast
+    and in the half modes alike: an unscaled step that loses it is not excused (a scaler
+    prevents that loss; the yardstick measures what float16's precision costs)."""
     model = nn.Linear(8, 8).double()
     x = torch.randn(4, 8, dtype=torch.float64)
     upstream = torch.full((4, 8), 1e-7, dtype=torch.float64)
@@ -195,9 +197,11 @@ def test_under_autocast_a_float16_gradient_is_rounded_as_the_scaled_recipe_holds
         assert model.bias.grad is not None
         return (model.bias.grad / 4e-7 - 1).abs().max().item()
 
-    recipe = stored_rounding(model, "float16", (), activations=False, stage=TRAIN_STAGE)
-    assert bias_grad_error(recipe) <= 2.0**-11
-    assert bias_grad_error(rounding_outputs(model, "float16", (), values=False)) > 1e-2
+    for activations in (False, True):
+        held = stored_rounding(model, "float16", (), activations, stage=TRAIN_STAGE)
+        assert bias_grad_error(held) <= 2.0**-11
+    unscaled = (upstream.half().double() / 1e-7 - 1).abs().max().item()
+    assert unscaled > 1e-2  # what rounding it unscaled would have cost
 
 
 class BiasedAttention(nn.Module):

@@ -81,7 +81,14 @@ class Yardsticks:
 
 
 def as_float64_cpu(output: torch.Tensor) -> torch.Tensor:
-    return output.detach().to(device="cpu", dtype=torch.float64)
+    """``output`` in float64 on the CPU, dense (a sparse gradient compared value by value)."""
+    return dense(output.detach().to(device="cpu", dtype=torch.float64))
+
+
+def dense(tensor: torch.Tensor) -> torch.Tensor:
+    """A sparse tensor (``nn.Embedding(sparse=True)``'s gradient) as the dense tensor it
+    stands for; any other as it is."""
+    return tensor.to_dense() if tensor.is_sparse else tensor
 
 
 def relative_error(
@@ -90,6 +97,7 @@ def relative_error(
     """(max abs error, max abs error / max |reference|), both in float64; relative to
     ``scale`` instead where given (a gradient zero by construction, see
     :func:`vanishing_scales`)."""
+    reference = dense(reference)
     diff = (as_float64_cpu(output) - reference).abs().max().item()
     scale = reference.abs().max().item() if scale is None else scale
     return diff, diff / scale if scale > 0 else diff
@@ -130,7 +138,7 @@ def judge(
 ) -> Numerics:
     """Error figures of ``output`` and the tolerance it is held to (shape must match),
     relative to ``scale`` where given."""
-    finite = bool(torch.isfinite(output).all().item())
+    finite = bool(torch.isfinite(dense(output)).all().item())
     max_abs, rel = relative_error(output, reference, scale)
     tolerance, decided_by, factor = deciding(dtype, sticks)
     return Numerics(
@@ -190,7 +198,7 @@ VANISHING = 1e-8
 
 
 def leaf_scale(tensor: torch.Tensor) -> float:
-    return float(tensor.abs().max().item()) if tensor.numel() else 0.0
+    return float(dense(tensor).abs().max().item()) if tensor.numel() else 0.0
 
 
 def vanishing_scales(reference: dict[str, torch.Tensor]) -> dict[str, float]:

@@ -28,6 +28,7 @@ from harness.measure.judge.rounding import (
     stored_rounding,
 )
 from harness.measure.precision.casting import split_kept
+from harness.measure.precision.dtypes import dtype_name
 from harness.measure.precision.outputs import output_leaves
 from harness.measure.running.errors import (
     MAX_MESSAGE,
@@ -43,6 +44,8 @@ from harness.measure.running.fix_run import (
     run_fix_checked,
 )
 from harness.measure.running.replay import Recorded, Replay, ReplayPlan, run_replayed
+from harness.measure.running.training import held_scaled
+from harness.measure.tracing.backward_sites import all_finite
 from harness.schema.axes import (
     CONTROL_DTYPE,
     CONTROL_MODE,
@@ -150,24 +153,90 @@ def reference_leaves(piece: Workpiece) -> Leaves:
     return _REFERENCES[piece]
 
 
-def float64_run(piece: Workpiece) -> FixRun:
+def float64_run(piece: Workpiece, workload: Workload | None = None) -> FixRun:
     """The workpiece's fix run plainly in float64 on the CPU (raises ``WorkloadFailed``
-    where its workload cannot be built)."""
+    where its workload cannot be built), on ``workload`` where given (its float64
+    workload, prepared: :func:`float64_workload`)."""
     case = registry.get(piece.case)
-    cell = plain_cell(case, "float64", piece.size, "cpu", piece.backend, piece.stage, piece.fix)
-    return run_fix_checked(case, piece.fix, context_for(case, cell), trace=False)
+    ctx = context_for(case, float64_cell(case, piece))
+    return run_fix_checked(case, piece.fix, ctx, trace=False, workload=workload)
+
+
+def float64_cell(case: Case, piece: Workpiece) -> Cell:
+    return plain_cell(case, "float64", piece.size, "cpu", piece.backend, piece.stage, piece.fix)
+
+
+def float64_workload(piece: Workpiece) -> Workload:
+    """The workpiece's workload as its float64 run takes it."""
+    case = registry.get(piece.case)
+    ctx = context_for(case, float64_cell(case, piece))
+    return prepared_workload(case, ctx, case.kept_by(piece.fix))
 
 
 def compute_reference(piece: Workpiece) -> Leaves:
     try:
-        run = float64_run(piece)
+        workload = float64_workload(piece)
+        run = float64_run(piece, workload)
     except WorkloadFailed as failure:
         raise ReferenceFailed(failure.error) from failure
     if run.error is not None:
         raise ReferenceFailed(run.error)
+    unusable = unusable_reference(workload.model, output_leaves(judged_output(run.output)))
+    if unusable is not None:
+        raise ReferenceFailed(unusable)
     if run.recorded is not None:
         _REFERENCE_RECORDS[piece] = run.recorded
     return float64_leaves(judged_output(run.output))
+
+
+class UnusableReference(ArithmeticError):
+    """The reference fix ran in float64 but gave no float64 reference: the model's own
+    failure, whatever precision a cell runs in (never the precision's, never the
+    harness's)."""
+
+
+def unusable_reference(model: Any, leaves: Leaves) -> UnusableReference | None:
+    """Why a float64 run's result is no float64 reference, or None: a model that cast
+    itself to another dtype (``.to(torch.bfloat16)`` in its forward) computed its
+    reference in that dtype, and a cell's yardsticks with it; a model whose float64 output,
+    loss or gradient is not finite fails in every precision."""
+    moved = {
+        name: dtype_name(p.dtype)
+        for name, p in trainable_or_all(model).items()
+        if p.is_floating_point() and p.dtype != torch.float64
+    }
+    leaf_dtypes = {
+        name: dtype_name(t.dtype)
+        for name, t in leaves.items()
+        if t.is_floating_point() and torch.finfo(t.dtype).bits < 32
+    }
+    if moved or leaf_dtypes:
+        found_at = [f"parameter {n} is {d}" for n, d in moved.items()] + [
+            f"{leaf_label(n)} is {d}" for n, d in leaf_dtypes.items()
+        ]
+        more = f" and {len(found_at) - 3} more" if len(found_at) > 3 else ""
+        where = ", ".join(found_at[:3]) + more
+        found = sorted({*moved.values(), *leaf_dtypes.values()})
+        return UnusableReference(
+            f"the float64 reference computed in {' and '.join(found)}: {where} "
+            "(the model casts itself to another dtype; cast the inputs instead, or follow "
+            "the dtype of its weights)"
+        )
+    not_finite = [n for n, t in leaves.items() if t.is_floating_point() and not all_finite([t])]
+    if not_finite:
+        which = "" if not_finite == ["output"] else f" ({', '.join(not_finite)})"
+        return UnusableReference(
+            f"the float64 reference's output is not finite{which}: the model fails in "
+            "float64 too, whatever the precision"
+        )
+    return None
+
+
+def trainable_or_all(model: Any) -> dict[str, torch.Tensor]:
+    """A model's parameters by name (a model that is one tensor: ``model``)."""
+    if isinstance(model, torch.nn.Module):
+        return dict(model.named_parameters())
+    return {"model": model} if isinstance(model, torch.Tensor) else {}
 
 
 def reference_record(piece: Workpiece) -> Recorded:
@@ -227,7 +296,8 @@ def compute_baseline(piece: Workpiece, device: str, dtype: str) -> Baseline:
     case = registry.get(case_name)
     ctx = context_for(case, plain_cell(case, dtype, size, device, backend, stage))
     try:
-        run = run_fix_checked(case, case.reference_fix, ctx, trace=False, record=False)
+        with held_scaled():
+            run = run_fix_checked(case, case.reference_fix, ctx, trace=False, record=False)
     except WorkloadFailed as failure:
         run = FixRun(error=failure.error)
     return errors_against_reference(run, piece)

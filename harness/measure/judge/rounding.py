@@ -5,26 +5,51 @@ the weights and inputs in the dtype costs, and nothing of how any fix computes (
 :mod:`harness.measure.judge.numerics`). Parts kept in float32 stay as they are. float32 data
 cannot be rounded to float32 (they already are float32), so for the float32 control the rounding is
 simulated: each value is moved by a random relative amount of at most the unit roundoff,
-float32's, or TF32's (10 mantissa bits) where a GPU computes float32 matmuls in TF32.
+float32's, or TF32's (10 mantissa bits) where a GPU computes float32 matmuls in TF32; a value
+the format holds exactly (an integer up to 2**24 in float32, 2**11 in TF32) is not moved.
 
 A model in a dtype also stores its activations in it: each layer's output is rounded before
 the next layer reads it, a cost that grows with depth (a healthy post-LayerNorm encoder of 48
 layers loses 19-23 times what rounding its weights and inputs to half costs). So where a
-cell's model holds its weights in the cell's dtype (modes ``half`` and ``half-autocast``, and
-the float32 control) the yardstick also rounds what the model stores between its modules:
-every floating tensor a module returns, rounded by a forward hook while the computation itself
-stays in float64 (to float32 where the data are rounded to TF32: a GPU multiplies float32
-matrices in TF32 and stores float32). What happens inside a module's ``forward`` (a sum, a
-variance, the angles of a rotary embedding) is never rounded, so a silent bug within a module
-still costs more than the yardstick. Modules kept in float32, those inside them and those that
-hold them (their output may be float32) are not rounded; nor are values beyond the dtype's
-range (the yardstick measures precision: an overflow makes the cell's own output non-finite).
-Under ``autocast`` (float32 weights) a module returns half or float32 by the ops it ends with,
-and the residual stream, the norms and the softmax stay float32: only the data are rounded.
+cell's model holds its weights in the cell's dtype (modes ``half`` and ``half-autocast``)
+the yardstick also rounds what the model stores between its modules: every floating tensor
+a module returns, rounded by a forward hook while the computation itself stays in float64.
+What happens inside a module's ``forward`` (a sum, a variance, the angles of a rotary
+embedding) is never rounded, so a silent bug within a module still costs more than the
+yardstick. Modules kept in float32, those inside them and those that hold them (their
+output may be float32) are not rounded; nor are values beyond the dtype's range (the
+yardstick measures precision: an overflow makes the cell's own output non-finite). Under
+``autocast`` (float32 weights) a module returns half or float32 by the ops it ends with, and
+the residual stream, the norms and the softmax stay float32: only the data are rounded.
+The float32 control's yardstick is float32 arithmetic itself, simulated op by op with the
+accumulation of long reductions (:mod:`harness.measure.judge.float32_arithmetic`): float32
+has no half-precision bugs to hide, and a float32 sum over 2048 tokens costs 28 times what
+rounding its data does.
+
+The yardstick measures what the dtype's precision costs, never the failure under test:
+
+* **Gradients as a scaled step holds them.** In backward each module's gradient is rounded
+  as a dynamically scaled step (a GradScaler's) holds it: multiplied by the largest power of
+  two, up to the GradScaler's initial 2**16, at which it does not overflow, rounded, and
+  divided back (exact: a power of two moves only the exponent). Rounded unscaled, a float16
+  gradient below float16's smallest normal number (6.1e-5; a cross-entropy's over 16,384
+  tokens) would underflow in the yardstick as it does in an unscaled step, and the
+  yardstick would excuse the underflow a GradScaler exists to prevent: such a step, 9.9
+  times as far from float64 as the same step with a GradScaler (3.93e-3 against 3.99e-4),
+  passed. Underflow in the forward stays in (no scaler prevents it).
+* **Integers the dtype cannot count are not data.** A floating buffer whose values are all
+  integers, the largest beyond the dtype's exact integers (2**11 = 2048 for float16, 2**8 =
+  256 for bfloat16: ``2 / eps``), holds positions, indices or counts, not measurements:
+  rounding it (positions 3000 and up, rounded by ``.half()``, move by 2 in float16 and 16
+  in bfloat16) is a bug the cell's own cast makes (gradients 20% and 168% off, 139-211
+  times the error of the same model with an integer buffer), so the yardstick keeps it
+  exact. Integers the dtype holds exactly are unmoved by rounding anyway; a buffer of
+  measurements (inverse frequencies, a running mean) is rounded as any weight is.
 """
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -35,6 +60,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 from torch.utils.hooks import RemovableHandle
 
+from harness.measure.judge.float32_arithmetic import Float32Arithmetic, integers_up_to
 from harness.measure.precision.casting import is_kept, map_tensors
 from harness.measure.precision.dtypes import TORCH_DTYPES
 from harness.measure.running.training import INIT_SCALE
@@ -46,6 +72,8 @@ SIMULATED_ROUNDOFF = {"float32": 2.0**-24, "tf32": 2.0**-11}
 NOISE_SEED = 20261123
 #: The stored activations' noise has a seed of its own (not a replay of the weights').
 STORED_NOISE_SEED = NOISE_SEED + 1
+#: The machine epsilon of the simulated roundings, whose integers up to ``2 / eps`` are exact.
+SIMULATED_EPS = {name: 2 * roundoff for name, roundoff in SIMULATED_ROUNDOFF.items()}
 #: What a model stores its activations in, where that is not the dtype its data are rounded
 #: to: TF32 is how a GPU multiplies float32 matrices, their results are float32.
 STORED_AS = {"tf32": "float32"}
@@ -57,17 +85,38 @@ def round_to(tensor: torch.Tensor, dtype: str, noise: torch.Generator) -> torch.
         return tensor
     if dtype in SIMULATED_ROUNDOFF:
         relative = torch.rand(tensor.shape, generator=noise, dtype=torch.float64) * 2 - 1
-        return tensor * (1 + SIMULATED_ROUNDOFF[dtype] * relative.to(tensor.device))
+        moved = tensor * (1 + SIMULATED_ROUNDOFF[dtype] * relative.to(tensor.device))
+        return torch.where(integers_up_to(tensor, largest_exact_integer(dtype)), tensor, moved)
     return tensor.to(TORCH_DTYPES[dtype]).to(tensor.dtype)
+
+
+def largest_exact_integer(dtype: str) -> float:
+    """From 0 to this, ``dtype`` holds every integer: ``2 / eps`` (2048 in float16, 256 in
+    bfloat16, 2**24 in float32)."""
+    eps = SIMULATED_EPS.get(dtype) or torch.finfo(TORCH_DTYPES[dtype]).eps
+    return 2.0 / eps
+
+
+def counts_beyond(tensor: torch.Tensor, dtype: str) -> bool:
+    """A floating tensor of integers only, the largest beyond ``dtype``'s exact integers:
+    positions, indices or counts that the dtype cannot hold (see the module docstring)."""
+    if not tensor.is_floating_point() or tensor.numel() == 0:
+        return False
+    values = tensor.detach()
+    if not bool(torch.isfinite(values).all()) or not bool((values == values.round()).all()):
+        return False
+    return float(values.abs().max()) > largest_exact_integer(dtype)
 
 
 def round_model(model: Any, dtype: str, keep: tuple[str, ...], noise: torch.Generator) -> Any:
     """The model's floating parameters and buffers rounded in place (those ``keep`` names
-    left as they are); a tensor, or tensors in lists and dicts, rounded."""
+    left as they are, and buffers of integers the dtype cannot hold: :func:`counts_beyond`);
+    a tensor, or tensors in lists and dicts, rounded."""
     if isinstance(model, nn.Module):
+        counts = {name for name, b in model.named_buffers() if counts_beyond(b, dtype)}
         with torch.no_grad():
             for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-                if tensor.is_floating_point() and not is_kept(name, keep):
+                if tensor.is_floating_point() and not is_kept(name, keep) and name not in counts:
                     tensor.copy_(round_to(tensor, dtype, noise))
         return model
     return round_values(model, dtype, noise)
@@ -100,28 +149,26 @@ def rounds_activations(mode: str) -> bool:
 
 def stored_rounding(
     model: Any, dtype: str, keep: tuple[str, ...], activations: bool, stage: str
-) -> AbstractContextManager[None]:
-    """What the yardstick's run rounds beyond its data: with ``activations`` what every
-    module returns, and in backward the gradient each of them receives
-    (:func:`rounding_outputs`); without (``autocast``), in a training step, that gradient
-    only, as the recipe holds it: float16's scaled by the GradScaler's initial scale (so
-    the yardstick loses to float16's range what the recipe's scaled step loses, not what
-    an unscaled one would); else nothing."""
+) -> AbstractContextManager[Any]:
+    """What the yardstick's run rounds beyond its data: for the float32 control, every op's
+    result as float32 arithmetic rounds it (:class:`Float32Arithmetic`); with
+    ``activations`` what every module returns, and in backward the gradient each of them
+    receives (:func:`rounding_outputs`); without (``autocast``), in a training step, that
+    gradient only; else nothing. A gradient is rounded as a dynamically scaled step holds
+    it (:func:`round_gradient`)."""
+    if dtype in SIMULATED_ROUNDOFF and activations:
+        stored_as = STORED_AS.get(dtype, dtype)
+        return Float32Arithmetic(SIMULATED_ROUNDOFF[stored_as], noise_source(STORED_NOISE_SEED))
     if activations:
         return rounding_outputs(model, dtype, keep)
     if stage == TRAIN_STAGE:
-        scale = INIT_SCALE if dtype == "float16" else 1.0
-        return rounding_outputs(model, dtype, keep, values=False, gradient_scale=scale)
+        return rounding_outputs(model, dtype, keep, values=False)
     return nullcontext()
 
 
 @contextmanager
 def rounding_outputs(
-    model: Any,
-    dtype: str,
-    keep: tuple[str, ...],
-    values: bool = True,
-    gradient_scale: float = 1.0,
+    model: Any, dtype: str, keep: tuple[str, ...], values: bool = True
 ) -> Iterator[None]:
     """While it lasts, a forward hook on every module of ``model`` (or of the modules in
     it) that rounds the floating tensors the module returns to what ``dtype`` stores (see
@@ -132,17 +179,13 @@ def rounding_outputs(
     forward's values as autocast's ops leave them) only the gradients are rounded: the
     backward of every op autocast ran in the dtype gives its input the dtype's gradient,
     so what reaches a module's output has been through such ops but for the float32
-    residual stream's share; each gradient is rounded as it is held scaled by
-    ``gradient_scale`` (a power of two: only the range moves). The hooks are removed
+    residual stream's share. Each gradient is rounded as a dynamically scaled step holds
+    it (:func:`round_gradient`). The hooks are removed
     after: a module may be shared beyond this model (diffusers 0.31 hands every model one
     ``nn.SiLU``), and nothing else must be rounded."""
     stored_as = STORED_AS.get(dtype, dtype)
     noise = noise_source(STORED_NOISE_SEED)
-    hook = (
-        StoredRounding(stored_as, noise)
-        if values
-        else GradientRounding(stored_as, noise, gradient_scale)
-    )
+    hook = StoredRounding(stored_as, noise) if values else GradientRounding(stored_as, noise)
     handles: list[RemovableHandle] = []
 
     def hooked(module: nn.Module) -> nn.Module:
@@ -193,13 +236,12 @@ class StoredRounding:
 
 class GradientRounding:
     """A forward hook that leaves what a module returns as it is and rounds, in
-    backward, the gradient each floating tensor of it receives to ``dtype``, as it is held
-    multiplied by ``scale``."""
+    backward, the gradient each floating tensor of it receives to ``dtype``, as a
+    dynamically scaled step holds it."""
 
-    def __init__(self, dtype: str, noise: torch.Generator, scale: float = 1.0) -> None:
+    def __init__(self, dtype: str, noise: torch.Generator) -> None:
         self.dtype = dtype
         self.noise = noise
-        self.scale = scale
 
     def __call__(self, module: nn.Module, args: Any, output: Any) -> Any:
         return pytree.tree_map_only(torch.Tensor, self.rounding_gradient, output)
@@ -207,14 +249,14 @@ class GradientRounding:
     def rounding_gradient(self, tensor: torch.Tensor) -> torch.Tensor:
         if not (tensor.is_floating_point() and tensor.requires_grad):
             return tensor
-        return StoredGradient.apply(tensor, self.dtype, self.noise, self.scale)
+        return StoredGradient.apply(tensor, self.dtype, self.noise)
 
 
 class StoredValue(torch.autograd.Function):
     """A value as ``dtype`` stores it (:func:`round_stored`), and in backward its gradient
-    as ``dtype`` stores it too: rounded, for a half dtype as ``.to(half)`` would; for a
-    simulated rounding moved by noise of its own (not the value's, which a product with the
-    noise would replay)."""
+    as a scaled step in ``dtype`` holds it (:func:`round_gradient`); for a simulated
+    rounding moved by noise of its own (not the value's, which a product with the noise
+    would replay)."""
 
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, dtype: str, noise: torch.Generator) -> Any:
@@ -223,24 +265,40 @@ class StoredValue(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        return round_stored(grad, ctx.dtype, ctx.noise), None, None
+        return round_gradient(grad, ctx.dtype, ctx.noise), None, None
 
 
 class StoredGradient(torch.autograd.Function):
-    """A value as it is, and in backward its gradient as ``dtype`` stores it multiplied by
-    ``scale`` (a loss scale: a power of two, so the products are exact)."""
+    """A value as it is, and in backward its gradient as a scaled step in ``dtype`` holds
+    it (:func:`round_gradient`)."""
 
     @staticmethod
-    def forward(
-        ctx: Any, tensor: torch.Tensor, dtype: str, noise: torch.Generator, scale: float
-    ) -> Any:
-        ctx.dtype, ctx.noise, ctx.scale = dtype, noise, scale
+    def forward(ctx: Any, tensor: torch.Tensor, dtype: str, noise: torch.Generator) -> Any:
+        ctx.dtype, ctx.noise = dtype, noise
         return tensor.clone()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        held = round_stored(grad * ctx.scale, ctx.dtype, ctx.noise) / ctx.scale
-        return held, None, None, None
+        return round_gradient(grad, ctx.dtype, ctx.noise), None, None
+
+
+def round_gradient(grad: torch.Tensor, dtype: str, noise: torch.Generator) -> torch.Tensor:
+    """``grad`` as a dynamically scaled step holds it in ``dtype``: multiplied by
+    :func:`held_scale`, rounded, divided back (a power of two: only the range moves)."""
+    if dtype in SIMULATED_ROUNDOFF or not grad.is_floating_point():
+        return round_stored(grad, dtype, noise)
+    scale = held_scale(grad, dtype)
+    return round_stored(grad * scale, dtype, noise) / scale
+
+
+def held_scale(grad: torch.Tensor, dtype: str) -> float:
+    """The scale a dynamic GradScaler holds ``grad`` at: the largest power of two, up to
+    its initial scale, at which ``grad`` does not overflow ``dtype``."""
+    largest = float(grad.detach().abs().max()) if grad.numel() else 0.0
+    if largest == 0.0 or not math.isfinite(largest):
+        return INIT_SCALE
+    room = torch.finfo(TORCH_DTYPES[dtype]).max / largest
+    return min(INIT_SCALE, 2.0 ** math.floor(math.log2(room)))
 
 
 def round_stored(tensor: torch.Tensor, dtype: str, noise: torch.Generator) -> torch.Tensor:

@@ -20,7 +20,9 @@ against a fixed random target (:func:`harness.measure.authoring.losses.default_l
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -47,6 +49,21 @@ from harness.schema.records import Note, NoteKind
 INIT_SCALE = 2.0**16
 MAX_BACKOFFS = 24
 GRAD_PREFIX = "grad."
+#: Set while a yardstick's step runs (the trusted fix's, see :func:`held_scaled`).
+_HELD_SCALED: ContextVar[bool] = ContextVar("held_scaled", default=False)
+
+
+@contextmanager
+def held_scaled() -> Iterator[None]:
+    """While it lasts, a float16 step whose recipe has no GradScaler (half weights) takes
+    its backward as a dynamically scaled step does, and its gradients are read unscaled
+    from the scaled ones (:func:`held_backward`): a yardstick measures what float16's
+    precision costs, not the underflow a GradScaler prevents."""
+    token = _HELD_SCALED.set(True)
+    try:
+        yield
+    finally:
+        _HELD_SCALED.reset(token)
 
 
 @dataclass(frozen=True)
@@ -138,18 +155,23 @@ def train_step(
     gradients that are not finite, is taken again to say where (``backward_sites``)."""
     params = trainable_parameters(model)
     scaler = scaled and uses_grad_scaler(precision)
+    held = scaled and not scaler and _HELD_SCALED.get() and precision.dtype == torch.float16
     began = RandomState.now(precision.device)
     output, loss = forward_and_loss(forward, loss_of, params, precision)
     try:
-        ran = backward_pass(loss, params, precision.device, scaler)
+        ran = backward_pass(loss, params, precision.device, scaler, held)
     except Exception as error:
         del output, loss  # the failed step's graph, freed before the step is taken again
-        recipe = partial(backward_pass, params=params, device=precision.device, scaler=scaler)
+        recipe = partial(
+            backward_pass, params=params, device=precision.device, scaler=scaler, held=held
+        )
         located_failure(
             error, partial(step_again, began, forward, loss_of, precision, recipe), params
         )
         raise
     grads = {GRAD_PREFIX + n: p.grad.detach() for n, p in params.items() if p.grad is not None}
+    if held and ran.scale is not None:
+        grads = {name: g.float() / ran.scale for name, g in grads.items()}
     note = ran.note
     if not all_finite(grads.values()):
         rerun = partial(
@@ -186,13 +208,36 @@ class BackwardRan:
 
 
 def backward_pass(
-    loss: torch.Tensor, params: dict[str, torch.Tensor], device: torch.device, scaler: bool
+    loss: torch.Tensor,
+    params: dict[str, torch.Tensor],
+    device: torch.device,
+    scaler: bool,
+    held: bool = False,
 ) -> BackwardRan:
-    """The backward of the recipe: through a GradScaler (``scaler``), else plain."""
+    """The backward of the recipe: through a GradScaler (``scaler``), at the scale one
+    would hold the gradients at (``held``, a yardstick's: :func:`held_scaled`), else
+    plain."""
     if scaler:
         return scaled_backward(loss, params, device)
+    if held:
+        return held_backward(loss, params)
     loss.backward()
     return BackwardRan()
+
+
+def held_backward(loss: torch.Tensor, params: dict[str, torch.Tensor]) -> BackwardRan:
+    """Backward at the loss scale a dynamic GradScaler settles on (its initial scale,
+    halved while the gradients are not finite), the gradients left scaled: a GradScaler
+    refuses to unscale float16 gradients in place, so they are read unscaled in float32."""
+    scale = INIT_SCALE
+    for _ in range(MAX_BACKOFFS):
+        for param in params.values():
+            param.grad = None
+        (loss * scale).backward(retain_graph=True)
+        if all_finite(p.grad for p in params.values()):
+            break
+        scale /= 2
+    return BackwardRan(scale)
 
 
 def step_again(

@@ -31,7 +31,6 @@ import torch
 
 from harness.measure.precision.dtypes import dtype_name
 from harness.measure.tracing.source_sites import (
-    HARNESS_DIR,
     TORCH_DIR,
     frames_outward,
     is_library_file,
@@ -100,19 +99,13 @@ def raised_in_backward_code(error: BaseException) -> bool:
 
 def made_at(node: Any) -> str | None:
     """The line whose forward call made ``node``, from the stack anomaly mode kept for it:
-    the innermost of the case's or model's own code, else of the harness's (its default
-    loss, say); None where it kept no stack."""
+    the innermost of the case's or model's own code; None where it kept no stack, or none
+    of the model's (a node of the harness's default loss: a harness file, or a mode the
+    harness ran the step under, is never where a model's error came from)."""
     stack = node.metadata.get(TRACEBACK_KEY) if isinstance(node.metadata, dict) else None
     frames = [(m["file"], int(m["line"])) for e in stack or () if (m := FRAME_LINE.match(str(e)))]
-    for mine in (lambda file: not is_library_file(file), in_harness):
-        found = [(file, line) for file, line in frames if mine(file)]
-        if found:
-            return shown(*found[-1])
-    return None
-
-
-def in_harness(filename: str) -> bool:
-    return Path(filename).resolve().is_relative_to(HARNESS_DIR)
+    found = [(file, line) for file, line in frames if not is_library_file(file)]
+    return shown(*found[-1]) if found else None
 
 
 def dtypes_of(grads: Iterable[torch.Tensor | None]) -> tuple[str, ...]:
@@ -120,13 +113,19 @@ def dtypes_of(grads: Iterable[torch.Tensor | None]) -> tuple[str, ...]:
 
 
 def all_finite(grads: Iterable[torch.Tensor | None]) -> bool:
-    """Every floating gradient is finite (one check, one device synchronisation)."""
+    """Every floating gradient is finite (one check, one device synchronisation); of a
+    sparse gradient (``nn.Embedding(sparse=True)``'s), the values it holds."""
     checks = [
-        torch.isfinite(g).all()
+        torch.isfinite(stored_values(g)).all()
         for g in grads
         if isinstance(g, torch.Tensor) and g.is_floating_point()
     ]
     return not checks or bool(torch.stack(checks).all())
+
+
+def stored_values(tensor: torch.Tensor) -> torch.Tensor:
+    """The values a tensor holds: a sparse tensor's, else the tensor itself."""
+    return tensor._values() if tensor.is_sparse else tensor
 
 
 def node_of(node: Any, received: tuple[torch.Tensor | None, ...]) -> BackwardNode:
