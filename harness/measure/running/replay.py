@@ -31,9 +31,9 @@ Both work at the aten level (``TorchDispatchMode``s): they see the ops inside
 or not (which a ``TorchFunctionMode`` does not see: the checkpoint recomputed a plain ReLU
 where the forward had replayed one, and raised ``CheckpointError``). A replayed op returns
 tensors of its own op's dtype and shape, so a checkpoint's recomputation matches its forward.
-Elementwise choices are replayed where autograd reads them: a ReLU's backward reads its
-output, so a unit put on holds the smallest normal number (float64's own value, zero, to
-within 2e-308) rather than zero; a leaky ReLU's and a hardtanh's backward read the input, and
+Elementwise choices are replayed where autograd reads them: a ReLU's backward reads the sign
+of its output, so it takes the sides its replayed forward took (a unit put on holds its own
+input, which may be negative); a leaky ReLU's and a hardtanh's backward read the input, and
 are replayed as choices of their own; a clamp's backward is made of comparisons, replayed as
 such. Indices (top-k, sort, max/min, argmax/argmin, max-pool) are replayed as the cell's
 whole row of picks where every pick's float64 value is within the band of float64's own
@@ -498,6 +498,9 @@ class Replay(LazyDynamoMode):
         self.choices_fit = True
         self.replayed = 0
         self.crossed: Counter[str] = Counter()
+        #: The sides each replayed ReLU took, by where its output is held (see
+        #: ``relu_backward``).
+        self.relu_sides: dict[tuple[Any, ...], torch.Tensor] = {}
 
     @property
     def fits(self) -> bool:
@@ -512,6 +515,8 @@ class Replay(LazyDynamoMode):
             return self.draw(func, args, kwargs)
         if self.choices is None:
             return func(*args, **kwargs)
+        if packet is aten.threshold_backward and self.relu_sides:
+            return self.relu_backward(func, args, kwargs)
         if self.kinks and packet in KINKS:
             found = kink_input(func, args, kwargs)
             recorded = self.next_choice(func, found.x.shape) if found else None
@@ -564,14 +569,28 @@ class Replay(LazyDynamoMode):
         recorded: Choice | None,
     ) -> Any:
         if found is None or recorded is None:
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            self.relu_sides.pop(tensor_key(out), None)
+            return out
         x = found.x
         own = found.piece()
         near = found.margin() <= self.width
         taken = torch.where(near, recorded.taken.to(x.device), own)
         self.crossed[label(func)] += int((taken != own).sum())
         out = kink_output(func, args, found, taken)
-        return args[0].copy_(out) if func._schema.is_mutable else out
+        out = args[0].copy_(out) if func._schema.is_mutable else out
+        if func.overloadpacket in (aten.relu, aten.relu_):
+            self.relu_sides[tensor_key(out)] = taken > 0
+        return out
+
+    def relu_backward(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A ReLU's backward reads its output's sign: where the output is one this replay
+        made, the sides it took (a unit put on may hold its own negative input)."""
+        grad, result = args[0], args[1]
+        on = self.relu_sides.get(tensor_key(result))
+        if on is None or on.shape != grad.shape:
+            return func(*args, **kwargs)
+        return torch.where(on, grad, torch.zeros((), dtype=grad.dtype, device=grad.device))
 
     def outcome(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         out = func(*args, **kwargs)
@@ -604,9 +623,7 @@ def kink_output(func: Any, args: tuple[Any, ...], kink: Kink, piece: torch.Tenso
     """What a kink op computes with its elements on the pieces ``piece`` gives."""
     packet, x = func.overloadpacket, kink.x
     if packet in (aten.relu, aten.relu_):
-        # relu's backward reads its output: a unit put on holds the smallest normal number
-        tiny = torch.finfo(x.dtype).tiny
-        return torch.where(piece > 0, x.clamp_min(tiny), torch.zeros((), dtype=x.dtype))
+        return torch.where(piece > 0, x, torch.zeros((), dtype=x.dtype, device=x.device))
     if packet in (aten.leaky_relu, aten.leaky_relu_):
         slope = args[1] if len(args) > 1 else 0.01
         return torch.where(piece > 0, x, x * slope)
@@ -617,6 +634,14 @@ def kink_output(func: Any, args: tuple[Any, ...], kink: Kink, piece: torch.Tenso
         grad = args[0]
         return torch.where(piece == 1, grad, torch.zeros((), dtype=grad.dtype))
     return clamped(kink, piece)
+
+
+def tensor_key(t: Any) -> tuple[Any, ...]:
+    """Where a tensor's values are held: a saved output unpacked in backward is another
+    tensor object over the same memory."""
+    if not isinstance(t, torch.Tensor):
+        return ()
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
 
 
 def clamped(kink: Kink, piece: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,234 @@
+"""Only precision may differ (harness.measure.running.replay): healthy models written the
+way people write them, with random draws in the step and discrete choices that rounding can
+flip, pass every train cell, judged through the real path; each one's buggy twin (the
+variance as E[h²] - E[h]² in the activations' dtype) does not."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from harness.measure import execute
+from harness.measure.authoring.model_case import Matrix, model_case
+from harness.runner.matrix import expand
+from harness.schema.axes import TRAIN_STAGE
+from harness.schema.records import CellRecord, NoteKind, outcome_label
+
+WIDTH = 16
+TOKENS = 64
+BATCH = 4
+
+
+class Head(nn.Module):
+    """Pools the tokens by their spread about an offset mean: the healthy variance, or
+    (``bug``) the textbook shortcut E[h²] - E[h]² in the activations' dtype, which cancels
+    (the mean is 8, the spread about 1: float16 loses three bits, bfloat16 all of them)."""
+
+    def __init__(self, bug: bool) -> None:
+        super().__init__()
+        self.bug = bug
+        self.proj = nn.Linear(WIDTH, WIDTH)
+        nn.init.constant_(self.proj.bias, 8.0)
+        self.out = nn.Linear(WIDTH, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        mean = h.mean(1)
+        if self.bug:
+            spread = (h * h).mean(1) - mean * mean
+        else:
+            spread = (h - mean[:, None]).square().mean(1)
+        return self.out(spread)
+
+
+def mlp(width: int = WIDTH, activation: Callable[[], nn.Module] = nn.GELU) -> nn.Module:
+    return nn.Sequential(nn.Linear(width, 2 * width), activation(), nn.Linear(2 * width, width))
+
+
+class DropPath(nn.Module):
+    """timm's stochastic depth, written with ``torch.rand`` in the input's dtype."""
+
+    def __init__(self, p: float = 0.25) -> None:
+        super().__init__()
+        self.p = p
+        self.block = mlp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        keep = 1 - self.p
+        shape = (x.shape[0],) + (1,) * (x.dim() - 1)
+        mask = (keep + torch.rand(shape, dtype=x.dtype, device=x.device)).floor_()
+        return x + self.block(x) * mask / keep
+
+
+class Dropped(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = nn.Sequential(nn.Linear(WIDTH, 2 * WIDTH), nn.GELU(), nn.Dropout(0.1))
+        self.down = nn.Linear(2 * WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(self.block(x))
+
+
+class TopTwoMoE(nn.Module):
+    """Top-2 expert routing on a router softmax, tokens dispatched by index."""
+
+    def __init__(self, experts: int = 8) -> None:
+        super().__init__()
+        self.router = nn.Linear(WIDTH, experts)
+        self.experts = nn.ModuleList(mlp() for _ in range(experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = x.reshape(-1, WIDTH)
+        weights, chosen = torch.topk(self.router(tokens).softmax(-1), 2, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True)
+        out = torch.zeros_like(tokens)
+        for e, expert in enumerate(self.experts):
+            token, slot = torch.where(chosen == e)
+            if token.numel():
+                routed = expert(tokens[token]) * weights[token, slot, None]
+                out = out.index_add(0, token, routed.to(out.dtype))
+        return x + out.reshape(x.shape)
+
+
+class Checkpointed(nn.Module):
+    """ReLU blocks under ``torch.utils.checkpoint``."""
+
+    def __init__(self, reentrant: bool) -> None:
+        super().__init__()
+        self.reentrant = reentrant
+        self.blocks = nn.ModuleList(mlp(activation=nn.ReLU) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + checkpoint(block, x, use_reentrant=self.reentrant)
+        return x
+
+
+class Clamped(nn.Module):
+    """Bounded activations: ``clamp``, ``hardtanh``, ``ReLU6``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = mlp(), mlp(activation=nn.Hardtanh), mlp(activation=nn.ReLU6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.a(x).clamp(-0.3, 0.3)
+        x = x + self.b(x) + F.relu6(self.c(x) * 8)
+        return x.clamp_min(-2.0)
+
+
+class Pooled(nn.Module):
+    """A small CNN: convolution, ReLU, max-pool, its pixels then the tokens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, WIDTH, 3, padding=1)
+        self.pool = nn.MaxPool2d(2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pool(torch.relu(self.conv(x))).flatten(2).transpose(1, 2)
+
+
+class Gated(nn.Module):
+    """A hard gate (``where`` on a comparison) and a codebook lookup by argmax."""
+
+    def __init__(self, codes: int = 8) -> None:
+        super().__init__()
+        self.score = nn.Linear(WIDTH, 1)
+        self.logits = nn.Linear(WIDTH, codes)
+        self.codebook = nn.Parameter(torch.randn(codes, WIDTH) * 0.5)
+        self.a, self.b = mlp(), mlp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gated = torch.where(self.score(x) > 0, self.a(x), self.b(x))
+        chosen = F.one_hot(self.logits(x).argmax(-1), self.codebook.shape[0])
+        return x + gated + chosen.to(x.dtype) @ self.codebook.to(x.dtype)
+
+
+BODIES: dict[str, Callable[[], nn.Module]] = {
+    "stochastic-depth": lambda: nn.Sequential(*(DropPath() for _ in range(3))),
+    "dropout": lambda: nn.Sequential(Dropped(), Dropped()),
+    "top-2-moe": TopTwoMoE,
+    "checkpoint": lambda: Checkpointed(reentrant=False),
+    "checkpoint-reentrant": lambda: nn.Sequential(nn.Linear(WIDTH, WIDTH), Checkpointed(True)),
+    "clamped": Clamped,
+    "max-pool": Pooled,
+    "gated": Gated,
+}
+
+
+def factory(body: str, bug: bool) -> Callable[[], tuple[Any, ...]]:
+    def build() -> tuple[Any, ...]:
+        torch.manual_seed(0)
+        model = nn.Sequential(BODIES[body](), Head(bug))
+        if body == "max-pool":
+            return model, {"input": torch.randn(BATCH, 3, 16, 16)}
+        return model, {"input": torch.randn(BATCH, TOKENS, WIDTH)}
+
+    return build
+
+
+def train_cells(name: str, build: Callable[[], tuple[Any, ...]], **axes: Any) -> list[CellRecord]:
+    """A model's train cells (float16 and bfloat16 in ``autocast`` and ``half``, and the
+    ``fp32`` control), run in this process as a ``check`` worker runs them."""
+    matrix = Matrix(
+        dtypes=("float16", "bfloat16"), modes=("autocast", "half"), stages=(TRAIN_STAGE,)
+    )
+    case = model_case(name, build, matrix.replace(**axes) if axes else matrix, __file__)
+    return [execute.run_cell(c) for c in expand([case]).to_run if c.stage == TRAIN_STAGE]
+
+
+def replay_notes(record: CellRecord) -> list[str]:
+    return [n.text for n in record.notes if n.kind is NoteKind.REPLAYED]
+
+
+@pytest.mark.parametrize("body", sorted(BODIES))
+def test_a_healthy_model_passes_every_train_cell_and_its_buggy_twin_does_not(
+    clean_registry: None, body: str
+) -> None:
+    records = train_cells(body, factory(body, bug=False))
+    assert sorted((r.cell.dtype, r.cell.mode) for r in records) == [
+        ("bfloat16", "autocast"), ("bfloat16", "half"), ("float16", "autocast"),
+        ("float16", "half"), ("float32", "fp32"),
+    ]  # fmt: skip
+    for record in records:
+        assert outcome_label(record) == "passes", (record.cell, record.numerics, record.notes)
+    buggy = train_cells(f"{body}-bug", factory(body, bug=True), modes=("half",))
+    for record in buggy:
+        if record.cell.dtype != "float32":
+            assert outcome_label(record) == "inaccurate", (record.cell, record.numerics)
+
+
+def test_the_note_says_what_was_replayed(clean_registry: None) -> None:
+    records = {
+        (r.cell.dtype, r.cell.mode): r
+        for r in train_cells("stochastic-depth", factory("stochastic-depth", bug=False))
+    }
+    # three drop-path masks drawn in the activations' dtype, other numbers than float64's
+    assert replay_notes(records[("float32", "fp32")]) == [
+        "judged against float64 taken again with the cell's 3 random draw(s)"
+    ]
+    dropout = train_cells("dropout", factory("dropout", bug=False), modes=("half",))
+    # nn.Dropout's masks are float64's own on the CPU: nothing replayed, no extra run
+    assert all(not replay_notes(r) for r in dropout)
+
+
+def test_top_2_routing_takes_the_cells_choices_within_rounding_only(
+    clean_registry: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Near-ties in the routing flip by chance; with no band (width 0) the same cells are
+    judged against float64's own routing."""
+    from harness.measure.running import replay
+
+    with_band = train_cells("moe", factory("top-2-moe", bug=False), dtypes=("bfloat16",))
+    assert any("top-k" in " ".join(replay_notes(r)) for r in with_band)
+    monkeypatch.setattr(replay, "KINK_WIDTH", 0.0)
+    without = train_cells("moe-no-band", factory("top-2-moe", bug=False), dtypes=("bfloat16",))
+    assert not any(replay_notes(r) for r in without)
