@@ -18,6 +18,7 @@ from torch import nn
 
 from cases.bf16_pure_weights import MasterWeightsAdamW
 from harness.measure.authoring.losses import TrainingError
+from harness.measure.authoring.recipes import Recipe, adamw
 from harness.measure.precision.modes import Precision
 from harness.measure.running import fitting
 from harness.measure.running.fitting import (
@@ -60,8 +61,7 @@ def fitted(
         lambda out: (out.float() - target).pow(2).mean(),
         model,
         Precision(CPU, dtype, mode),
-        lr=lr,
-        make_optimizer=make_optimizer,
+        Recipe(make_optimizer or adamw, lr),
         steps=steps,
     )
 
@@ -89,7 +89,6 @@ def test_a_grad_scaler_skips_the_steps_whose_gradients_overflow_and_lowers_its_s
         lambda out: out.float().pow(2).sum(),
         model,
         Precision(CPU, torch.float16, "autocast"),
-        lr=1e-3,
         steps=5,
     )
     assert (run.skipped_steps, run.final_scale) == (2, 2.0**14)
@@ -241,7 +240,7 @@ def test_an_optimizer_that_refuses_sparse_gradients_is_one_line_naming_it() -> N
     ids = torch.tensor([1, 2, 3])
     with pytest.raises(TrainingError) as raised:
         fit(lambda: model(ids), lambda out: out.pow(2).mean(), model,
-            Precision(CPU, torch.float32, "fp32"), lr=1e-3, steps=1)  # fmt: skip
+            Precision(CPU, torch.float32, "fp32"), steps=1)  # fmt: skip
     assert str(raised.value) == (
         "the fit's optimizer, AdamW, does not take sparse gradients (grad.weight is sparse): "
         "name a recipe whose optimizer does (torch.optim.SparseAdam, SGD)"

@@ -94,6 +94,14 @@ FIT_STAGE: Final = "fit"
 DEFAULT_STAGES: tuple[Stage, ...] = (FORWARD_STAGE, TRAIN_STAGE)
 #: The stages a model check (``check``, ``@check_model``) covers unless it asks for others.
 MODEL_STAGES: tuple[Stage, ...] = (FORWARD_STAGE,)
+#: How a training step scales its loss (a recipe's scaler policy): ``none``; ``dynamic``, a
+#: ``torch.amp.GradScaler`` (its scale halved where the gradients are not finite, the step
+#: skipped); ``static``, a fixed loss scale (a step whose gradients are not finite is skipped).
+ScalerName = Literal["none", "dynamic", "static"]
+SCALERS: tuple[ScalerName, ...] = get_args(ScalerName)
+NO_SCALER: Final = "none"
+DYNAMIC_SCALER: Final = "dynamic"
+STATIC_SCALER: Final = "static"
 
 
 def rank(order: tuple[str, ...], value: str) -> int:

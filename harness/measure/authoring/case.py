@@ -28,6 +28,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from harness.measure.authoring.recipes import DEFAULT_LR, Recipe
+from harness.measure.authoring.recipes import OptimizerFactory as OptimizerFactory
 from harness.measure.precision.modes import Precision
 from harness.measure.tracing.observe import CoreObservation, record_core_dtypes
 from harness.schema.axes import (
@@ -35,6 +37,7 @@ from harness.schema.axes import (
     EAGER,
     FORWARD_STAGE,
     LOW_PRECISION_DTYPES,
+    NO_SCALER,
     SMALL_SIZE,
     Cell,
 )
@@ -181,6 +184,9 @@ class RunContext:
     #: ``forward``, or ``train``: the harness runs the fix as the forward of a training
     #: step (gradients on) and takes the loss and gradients after it.
     stage: str = FORWARD_STAGE
+    #: A train or fit cell's loss scaling (``none``, ``dynamic``, ``static``); None: the
+    #: recipe's, else the mode's.
+    scaler: str | None = None
 
     @property
     def precision(self) -> Precision:
@@ -212,8 +218,6 @@ class RunContext:
 
 
 FixFunction = Callable[[Any, Workload, RunContext], Any]
-#: An optimizer a fix's fit steps with: ``f(params, lr)``.
-OptimizerFactory = Callable[[list[torch.Tensor], float], torch.optim.Optimizer]
 
 
 @dataclass(frozen=True)
@@ -230,11 +234,14 @@ class Fix:
     #: the case's ``keep_fp32``); None: the case's.
     keep_fp32: tuple[str, ...] | None = None
     #: In a train cell where the recipe scales the loss (float16 under autocast): whether
-    #: this fix's training does. False is upstream code that trains without a GradScaler.
+    #: this fix's training does. False is upstream code that trains without a GradScaler
+    #: (its recipe's scalers are ``none``).
     grad_scaler: bool = True
     #: The optimizer this fix's fit steps with (``f(params, lr)``), where it is part of the
-    #: fix (float32 master weights, say); None: the fit's AdamW.
+    #: fix (float32 master weights, say); None: the recipe's.
     optimizer: OptimizerFactory | None = None
+    #: The recipe this fix trains with, where it is part of the fix; None: the case's.
+    recipe: Recipe | None = None
 
 
 def fix(
@@ -247,12 +254,20 @@ def fix(
     keep_fp32: tuple[str, ...] | None = None,
     grad_scaler: bool = True,
     optimizer: OptimizerFactory | None = None,
+    recipe: Recipe | None = None,
 ) -> Callable[[FixFunction], FixFunction]:
     """Mark a method of a Case as a fix. ``modes``/``backends`` narrow where it applies;
     ``keep_fp32`` narrows what of the case's ``keep_fp32`` it keeps in float32;
-    ``optimizer`` is the optimizer its fit steps with (``f(params, lr)``), where that is
-    part of the fix; ``grad_scaler=False`` is a fix whose training scales no loss (the
+    ``recipe`` is the :class:`~harness.measure.authoring.recipes.Recipe` its training
+    steps and fits run, where that is part of the fix. Two shorthands for a recipe:
+    ``optimizer`` is the optimizer its fit steps with (``f(params, lr)``), the case's
+    recipe otherwise; ``grad_scaler=False`` is a fix whose training scales no loss (the
     upstream code path of a case about training float16 without a GradScaler)."""
+    if recipe is not None and (optimizer is not None or not grad_scaler):
+        raise TypeError(
+            f"fix {name!r}: a recipe= names its optimizer and scalers itself; "
+            "give it alone, without optimizer= or grad_scaler="
+        )
 
     def mark(func: FixFunction) -> FixFunction:
         func.__ampmatrix_fix__ = Fix(  # type: ignore[attr-defined]
@@ -265,6 +280,7 @@ def fix(
             keep_fp32=keep_fp32,
             grad_scaler=grad_scaler,
             optimizer=optimizer,
+            recipe=recipe,
         )
         return func
 
@@ -323,8 +339,13 @@ class Case:
     #: The stages the case runs (``forward`` always): ``train`` adds one training step
     #: per cell, with the recipe of the cell's mode (:mod:`harness.measure.running.training`).
     stages: ClassVar[tuple[str, ...]] = (FORWARD_STAGE,)
-    #: The learning rate of a ``fit`` cell's optimizer (AdamW unless a fix brings its own).
-    fit_lr: ClassVar[float] = 1e-3
+    #: The learning rate of a ``fit`` cell's optimizer where the case names no ``recipe``
+    #: (the default recipe's AdamW with this rate).
+    fit_lr: ClassVar[float] = DEFAULT_LR
+    #: How the case's train and fit cells train (optimizer, clipping, accumulation, loss
+    #: scaling: :class:`~harness.measure.authoring.recipes.Recipe`); None: the default
+    #: recipe at ``fit_lr``. A fix may bring its own (``@fix(recipe=...)``).
+    recipe: ClassVar[Recipe | None] = None
     #: Upstream code manages precision itself (a Lightning Trainer's ``precision=``): the
     #: harness then only moves the float32 workload to the device (float64 for the
     #: reference) and neither casts nor enters autocast; the fixes read ``ctx.dtype`` and
@@ -357,6 +378,18 @@ class Case:
         """What ``fix`` keeps in float32: its own ``keep_fp32`` where it narrows the case's."""
         narrowed = self.fixes[fix].keep_fp32
         return self.keep_fp32 if narrowed is None else narrowed
+
+    def recipe_of(self, fix: str) -> Recipe:
+        """The recipe ``fix`` trains with: its own, else the case's (the default recipe at
+        ``fit_lr`` where the case names none), with the fix's ``optimizer`` and, for
+        ``grad_scaler=False``, no loss scaling."""
+        own = self.fixes[fix]
+        recipe = own.recipe or type(self).recipe or Recipe(lr=self.fit_lr)
+        if own.optimizer is not None:
+            recipe = dataclasses.replace(recipe, optimizer=own.optimizer)
+        if not own.grad_scaler:
+            recipe = recipe.with_scalers(NO_SCALER)
+        return recipe
 
     def loss(self, output: Any, workload: Workload, ctx: RunContext) -> Any:
         """The loss of a training step from the fix's output: by default the loss the output

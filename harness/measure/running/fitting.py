@@ -14,10 +14,10 @@ cell's mode (:mod:`harness.measure.running.training`), and what it shows that on
   learning rate keep almost none of their updates: each is below half a unit in the last
   place of the weight it updates.
 
-The optimizer is AdamW at the case's ``fit_lr`` (no weight decay) unless the fix brings its
-own (``@fix(optimizer=...)``: float32 master weights, say). Only the first step runs under
-the dtype tracer and the mode's checks (the rest repeat it); the optimizer's bookkeeping
-never does.
+The fit runs the cell's recipe (:class:`~harness.measure.authoring.recipes.Recipe`: its
+optimizer and learning rate, clipping, micro-batches and loss scaling; the default is AdamW
+at the case's ``fit_lr``, no weight decay). Only the first step runs under the dtype tracer
+and the mode's checks (the rest repeat it); the optimizer's bookkeeping never does.
 """
 
 from __future__ import annotations
@@ -31,16 +31,19 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from harness.measure.authoring.case import OptimizerFactory
 from harness.measure.authoring.losses import TrainingError
+from harness.measure.authoring.recipes import DEFAULT_RECIPE, Recipe
+from harness.measure.authoring.recipes import adamw as adamw
 from harness.measure.precision.modes import Precision, autocast_region
+from harness.measure.running.recipe_steps import clip_gradients, scaler_policy
 from harness.measure.running.training import (
     make_grad_scaler,
     scalar_loss,
+    step_loss,
     trainable_parameters,
-    uses_grad_scaler,
 )
 from harness.measure.tracing.backward_sites import all_finite
+from harness.schema.axes import DYNAMIC_SCALER, STATIC_SCALER
 from harness.schema.config import DEFAULT_FIT_STEPS
 from harness.schema.records import FitFigures, Note, NoteKind, Numerics
 
@@ -75,12 +78,6 @@ def use_steps(steps: int) -> None:
 
 def fit_steps() -> int:
     return _steps
-
-
-def adamw(params: list[torch.Tensor], lr: float) -> torch.optim.Optimizer:
-    """The fit's optimizer unless a fix brings its own: AdamW, no weight decay, one tensor
-    at a time (the same arithmetic on every release and device)."""
-    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, foreach=False)
 
 
 @dataclass(frozen=True)
@@ -140,8 +137,7 @@ class UpdateLedger:
     def __init__(
         self,
         params: dict[str, torch.Tensor],
-        make: OptimizerFactory,
-        lr: float,
+        recipe: Recipe,
         optimizer: torch.optim.Optimizer,
     ):
         self.params = params
@@ -150,7 +146,7 @@ class UpdateLedger:
             name: p.detach().to(torch.float64).clone().requires_grad_(True)
             for name, p in params.items()
         }
-        self.shadow_optimizer = make(list(self.shadow.values()), lr)
+        self.shadow_optimizer = recipe.make_optimizer(list(self.shadow.values()))
         self.meant = {name: torch.zeros_like(s) for name, s in self.shadow.items()}
         self.applied = {name: torch.zeros_like(s) for name, s in self.shadow.items()}
         self.before: dict[str, torch.Tensor] = {}
@@ -207,20 +203,18 @@ def fit(
     loss_of: Callable[[Any], Any],
     model: Any,
     precision: Precision,
-    lr: float,
-    scaled: bool = True,
-    make_optimizer: OptimizerFactory | None = None,
+    recipe: Recipe = DEFAULT_RECIPE,
+    scaler: str | None = None,
     steps: int | None = None,
 ) -> FitRun:
-    """``steps`` optimizer steps on the same data with the mode's recipe (forward and loss
-    under its autocast, a GradScaler for float16 autocast unless ``scaled`` is False), and
-    the loss once more after the last."""
+    """``steps`` optimizer steps on the same data with ``recipe`` (forward and loss under
+    the mode's autocast, the loss scaling ``scaler`` names, None: the mode's, a GradScaler
+    for float16 under autocast), and the loss once more after the last."""
     steps = fit_steps() if steps is None else steps
-    make = make_optimizer or adamw
     params = trainable_parameters(model)
-    optimizer = make(list(params.values()), lr)
-    scaler = make_grad_scaler(precision.device) if scaled and uses_grad_scaler(precision) else None
-    ledger = UpdateLedger(params, make, lr, optimizer)
+    optimizer = recipe.make_optimizer(list(params.values()))
+    scaling = loss_scaler(scaler_policy(precision, scaler), precision, recipe)
+    ledger = UpdateLedger(params, recipe, optimizer)
     losses: list[float] = []
     skipped = 0
     first_output: Any = None
@@ -228,13 +222,13 @@ def fit(
         traced = step == 0
         with traced_if(traced):
             optimizer.zero_grad(set_to_none=True)
-            output, loss = forward_loss(forward, loss_of, precision)
-            backward(loss, scaler)
+            output, loss = forward_loss(forward, loss_of, precision, recipe.accumulation)
+            backward(loss, scaling)
         if traced:
             first_output = output
         with untraced():
             losses.append(float(loss.detach()))
-            skipped += not optimizer_step(optimizer, scaler, ledger)
+            skipped += not optimizer_step(optimizer, scaling, ledger, recipe.clip_norm)
     with untraced():
         with autocast_region(precision):
             losses.append(float(scalar_loss_value(loss_of(forward()))))
@@ -242,7 +236,7 @@ def fit(
             torch.tensor(losses, dtype=torch.float64),
             first_output,
             skipped,
-            scaler.get_scale() if scaler is not None else None,
+            scaling.get_scale() if scaling is not None else None,
             ledger.lost_share(),
             eps_cause(optimizer),
         )
@@ -280,12 +274,52 @@ def traced_if(traced: bool) -> Iterator[None]:
             yield
 
 
+def loss_scaler(policy: str, precision: Precision, recipe: Recipe) -> Any:
+    """What scales the fit's loss under ``policy``: a GradScaler (``dynamic``), a
+    :class:`FixedScaler` (``static``), or None."""
+    if policy == DYNAMIC_SCALER:
+        return make_grad_scaler(precision.device)
+    if policy == STATIC_SCALER:
+        return FixedScaler(recipe.static_scale)
+    return None
+
+
+class FixedScaler:
+    """A static loss scale with the part of a GradScaler's interface a fit calls: the loss
+    scaled by a fixed ``scale``, the gradients divided back in place in their own dtype (a
+    float16 gradient of half weights too, which a GradScaler refuses), a step whose
+    gradients are not finite skipped, the scale never changed."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale_value = scale
+        self.finite = True
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self.scale_value
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"]]
+        for grad in grads:
+            if grad is not None:
+                grad.div_(self.scale_value)
+        self.finite = all_finite(g for g in grads if g is not None)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.finite:
+            optimizer.step()
+
+    def update(self) -> None:
+        """A static scale does not move."""
+
+    def get_scale(self) -> float:
+        return self.scale_value
+
+
 def forward_loss(
-    forward: Callable[[], Any], loss_of: Callable[[Any], Any], precision: Precision
+    forward: Callable[[], Any], loss_of: Callable[[Any], Any], precision: Precision, micro: int = 1
 ) -> tuple[Any, torch.Tensor]:
     with torch.enable_grad(), autocast_region(precision):
-        output = forward()
-        return output, scalar_loss(loss_of(output))
+        return step_loss(forward, loss_of, micro)
 
 
 def backward(loss: torch.Tensor, scaler: Any) -> None:
@@ -295,16 +329,23 @@ def backward(loss: torch.Tensor, scaler: Any) -> None:
         scaler.scale(loss).backward()
 
 
-def optimizer_step(optimizer: torch.optim.Optimizer, scaler: Any, ledger: UpdateLedger) -> bool:
-    """The optimizer's step (through the GradScaler where there is one, its gradients
-    unscaled first), with the ledger's record around it; False where the scaler skipped it
-    (gradients not finite at its scale)."""
+def optimizer_step(
+    optimizer: torch.optim.Optimizer,
+    scaler: Any,
+    ledger: UpdateLedger,
+    clip_norm: float | None = None,
+) -> bool:
+    """The optimizer's step (through the scaler where there is one, its gradients unscaled
+    first, then clipped to ``clip_norm`` where the recipe clips), with the ledger's record
+    around it; False where the scaler skipped it (gradients not finite at its scale)."""
     if scaler is not None:
         scaler.unscale_(optimizer)
         if not all_finite(p.grad for p in ledger.params.values()):
             scaler.step(optimizer)  # skips the step, as a fit's loop would call it
             scaler.update()
             return False
+    if clip_norm is not None:
+        clip_gradients([p.grad for p in ledger.params.values() if p.grad is not None], clip_norm)
     try:
         ledger.record_before()
         if scaler is not None:

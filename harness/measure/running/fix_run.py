@@ -63,7 +63,17 @@ def context_for(case: Case, cell: Cell, observe: bool = True) -> RunContext:
         size=cell.size,
         dims=case.dims(cell.size),
         stage=cell.stage,
+        scaler=cell_scaler(case, cell),
     )
+
+
+def cell_scaler(case: Case, cell: Cell) -> str | None:
+    """The loss scaling a train or fit cell runs: the one its fix's recipe names for the
+    cell's dtype and mode, where it names one (None: the mode's)."""
+    if cell.stage not in (TRAIN_STAGE, FIT_STAGE):
+        return None
+    scalers = case.recipe_of(cell.fix).scalers_for(cell.dtype, cell.mode, case.manages_precision)
+    return scalers[0] if len(scalers) == 1 else None
 
 
 def apply_precision(workload: Workload, ctx: RunContext, keep: tuple[str, ...] = ()) -> Workload:
@@ -105,23 +115,10 @@ def call_fix(
     def loss_of(output: Any) -> Any:
         return case.loss(output, workload, ctx)
 
-    if ctx.stage == FIT_STAGE:
-        return fitting.fit(
-            forward,
-            loss_of,
-            workload.model,
-            ctx.precision,
-            lr=case.fit_lr,
-            scaled=case.fixes[fix].grad_scaler,
-            make_optimizer=case.fixes[fix].optimizer,
-        )
-    if ctx.stage == TRAIN_STAGE:
-        return training.train_step(
-            forward,
-            loss_of,
-            workload.model,
-            ctx.precision,
-            scaled=case.fixes[fix].grad_scaler,
+    if ctx.stage in (FIT_STAGE, TRAIN_STAGE):
+        train = fitting.fit if ctx.stage == FIT_STAGE else training.train_step
+        return train(
+            forward, loss_of, workload.model, ctx.precision, case.recipe_of(fix), ctx.scaler
         )
     grad = torch.enable_grad() if case.needs_grad else torch.no_grad()
     with grad, autocast_region(ctx.precision):

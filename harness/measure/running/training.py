@@ -30,8 +30,10 @@ from typing import Any
 import torch
 
 from harness.measure.authoring.losses import TrainingError
+from harness.measure.authoring.recipes import DEFAULT_RECIPE, STATIC_SCALE, Recipe
 from harness.measure.host import caches
 from harness.measure.precision.modes import Precision, autocast_region
+from harness.measure.running.recipe_steps import clip_gradients, scaler_policy, static_backward
 from harness.measure.tracing.backward_sites import (
     NodeWatch,
     NonFinite,
@@ -40,6 +42,7 @@ from harness.measure.tracing.backward_sites import (
     located_failure,
     located_non_finite,
 )
+from harness.schema.axes import DYNAMIC_SCALER, NO_SCALER, STATIC_SCALER
 from harness.schema.devices import CUDA, device_kind
 from harness.schema.records import Note, NoteKind
 
@@ -147,35 +150,51 @@ def train_step(
     loss_of: Callable[[Any], Any],
     model: Any,
     precision: Precision,
-    scaled: bool = True,
+    recipe: Recipe = DEFAULT_RECIPE,
+    scaler: str | None = None,
 ) -> TrainedStep:
-    """Forward and loss under the mode's autocast, backward outside it, with the GradScaler
-    the recipe asks for (unless the code trained does without: ``scaled`` False); the loss
-    and the gradients of ``model``'s trainable parameters. A backward that raised, or left
-    gradients that are not finite, is taken again to say where (``backward_sites``)."""
+    """Forward and loss under the mode's autocast (``recipe.accumulation`` micro-batches),
+    backward outside it with the loss scaling ``scaler`` names (None: the mode's, a
+    GradScaler for float16 under autocast), the gradients clipped as the recipe clips them;
+    the loss and the gradients of ``model``'s trainable parameters. A backward that raised,
+    or left gradients that are not finite, is taken again to say where
+    (``backward_sites``)."""
     params = trainable_parameters(model)
-    scaler = scaled and uses_grad_scaler(precision)
-    held = scaled and not scaler and _HELD_SCALED.get() and precision.dtype == torch.float16
+    policy = scaler_policy(precision, scaler)
+    held = policy == NO_SCALER and _HELD_SCALED.get() and precision.dtype == torch.float16
     began = RandomState.now(precision.device)
-    output, loss = forward_and_loss(forward, loss_of, params, precision)
+    micro = recipe.accumulation
+    output, loss = forward_and_loss(forward, loss_of, params, precision, micro)
     try:
-        ran = backward_pass(loss, params, precision.device, scaler, held)
+        ran = backward_pass(loss, params, precision.device, policy, held, recipe.static_scale)
     except Exception as error:
         del output, loss  # the failed step's graph, freed before the step is taken again
-        recipe = partial(
-            backward_pass, params=params, device=precision.device, scaler=scaler, held=held
+        backward = partial(
+            backward_pass,
+            params=params,
+            device=precision.device,
+            policy=policy,
+            held=held,
+            static_scale=recipe.static_scale,
         )
-        located_failure(
-            error, partial(step_again, began, forward, loss_of, precision, recipe), params
-        )
+        again = partial(step_again, began, forward, loss_of, precision, backward, micro=micro)
+        located_failure(error, again, params)
         raise
     grads = {GRAD_PREFIX + n: p.grad.detach() for n, p in params.items() if p.grad is not None}
     if held and ran.scale is not None:
         grads = {name: g.float() / ran.scale for name, g in grads.items()}
+    if recipe.clip_norm is not None:
+        clip_gradients(grads.values(), recipe.clip_norm)
     note = ran.note
     if not all_finite(grads.values()):
         rerun = partial(
-            step_again, began, forward, loss_of, precision, partial(backward_at, ran.scale)
+            step_again,
+            began,
+            forward,
+            loss_of,
+            precision,
+            partial(backward_at, ran.scale),
+            micro=micro,
         )
         note = non_finite_note(located_non_finite(rerun, params), ran.note)
         for name, p in params.items():  # the step's own gradients, not those taken again
@@ -188,14 +207,31 @@ def forward_and_loss(
     loss_of: Callable[[Any], Any],
     params: dict[str, torch.Tensor],
     precision: Precision,
+    micro: int = 1,
 ) -> tuple[Any, torch.Tensor]:
     """The forward and its scalar loss under the mode's autocast, from no gradient (a timed
-    step repeats)."""
+    step repeats), over ``micro`` micro-batches (:func:`step_loss`)."""
     for param in params.values():
         param.grad = None
     with torch.enable_grad(), autocast_region(precision):
-        output = forward()
-        return output, scalar_loss(loss_of(output))
+        return step_loss(forward, loss_of, micro)
+
+
+def step_loss(
+    forward: Callable[[], Any], loss_of: Callable[[Any], Any], micro: int = 1
+) -> tuple[Any, torch.Tensor]:
+    """The first micro-batch's output and the step's loss: ``micro`` forwards of the whole
+    workload (a recipe's ``accumulation``), each loss divided by their number, summed. The
+    backward of the sum adds each micro-batch's gradient into a weight's in the gradient's
+    own dtype, as that many backward calls into ``.grad`` would."""
+    output = forward()
+    loss = scalar_loss(loss_of(output))
+    if micro == 1:
+        return output, loss
+    loss = loss / micro
+    for _ in range(micro - 1):
+        loss = loss + scalar_loss(loss_of(forward())) / micro
+    return output, loss
 
 
 @dataclass(frozen=True)
@@ -211,14 +247,18 @@ def backward_pass(
     loss: torch.Tensor,
     params: dict[str, torch.Tensor],
     device: torch.device,
-    scaler: bool,
+    policy: str,
     held: bool = False,
+    static_scale: float = STATIC_SCALE,
 ) -> BackwardRan:
-    """The backward of the recipe: through a GradScaler (``scaler``), at the scale one
-    would hold the gradients at (``held``, a yardstick's: :func:`held_scaled`), else
-    plain."""
-    if scaler:
+    """The backward of the recipe's loss scaling ``policy``: through a GradScaler
+    (``dynamic``), at a fixed scale (``static``), at the scale one would hold the gradients
+    at (``held``, a yardstick's: :func:`held_scaled`), else plain."""
+    if policy == DYNAMIC_SCALER:
         return scaled_backward(loss, params, device)
+    if policy == STATIC_SCALER:
+        static_backward(loss, params.values(), static_scale)
+        return BackwardRan(static_scale)
     if held:
         return held_backward(loss, params)
     loss.backward()
@@ -247,11 +287,12 @@ def step_again(
     precision: Precision,
     backward: Callable[[torch.Tensor], object],
     watch: NodeWatch,
+    micro: int = 1,
 ) -> None:
     """The step taken again from the random state it began with, with ``watch`` on its
     graph and ``backward`` as its backward."""
     began.restore()
-    _, loss = forward_and_loss(forward, loss_of, watch.params, precision)
+    _, loss = forward_and_loss(forward, loss_of, watch.params, precision, micro)
     watch.attach(loss.grad_fn)
     backward(loss)
 
