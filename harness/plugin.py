@@ -118,13 +118,17 @@ class ModelTest:
     expect: tuple[Expectation, ...] = ()
     #: The loss of a training step, where the test names one (``loss=``).
     loss: Callable[..., Any] | None = None
+    #: The recipe of training steps and fits, where the test names one (``recipe=``).
+    recipe: Any = None
 
     def case(self, name: str, source: str) -> Case:
         from harness.measure.authoring import registry
         from harness.measure.authoring.model_case import model_case
 
         found = registry.find(name)
-        return found or model_case(name, self.factory, self.matrix, source, loss=self.loss)
+        return found or model_case(
+            name, self.factory, self.matrix, source, loss=self.loss, recipe=self.recipe
+        )
 
 
 def check_model(
@@ -132,6 +136,7 @@ def check_model(
     keep_fp32: tuple[str, ...] = (),
     expect: Mapping[str, str] | None = None,
     loss: Callable[..., Any] | None = None,
+    recipe: Any = None,
     **axes: tuple[str, ...],
 ) -> Callable[[Callable[..., Any]], Callable[..., None]]:
     """Turn a factory of ``(model, inputs)`` into one test per cell of the matrix asked for.
@@ -146,12 +151,15 @@ def check_model(
     test module is collected). ``stages=("forward", "train")`` also takes one
     training step in each cell; its loss is ``loss(output)`` or ``loss(output, inputs)``
     where ``loss`` is given (it wins over a loss the model returns), else the model's own
-    ``loss``, else the mean squared error against a fixed random target.
+    ``loss``, else the mean squared error against a fixed random target. ``recipe`` (a
+    :class:`~harness.measure.authoring.recipes.Recipe`) is what those steps and a fit
+    (``stages=("fit",)``) train with, else the default recipe.
     """
     from harness.measure.authoring.model_case import (  # torch is imported here, by a test module
         Matrix,
         check_loss_signature,
         check_loss_stages,
+        check_recipe,
     )
 
     matrix = Matrix(keep_fp32=keep_fp32, **axes)
@@ -160,9 +168,12 @@ def check_model(
         name = getattr(loss, "__qualname__", repr(loss))
         check_loss_signature(loss, f"loss={name}")
         check_loss_stages(matrix["stages"], name)
+    if recipe is not None:
+        check_recipe(recipe, f"recipe={recipe!r}")
+        check_loss_stages(matrix["stages"], repr(recipe), "recipe")
 
     def decorate(factory: Callable[..., Any]) -> Callable[..., None]:
-        spec = ModelTest(factory, matrix, expectations, loss)
+        spec = ModelTest(factory, matrix, expectations, loss, recipe)
 
         def test(ampmatrix_cell: Any, request: pytest.FixtureRequest) -> None:
             run_model_cell(spec, ampmatrix_cell, session_state(request.config))

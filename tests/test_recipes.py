@@ -4,6 +4,9 @@ a training step and a fit; a case, a fix and the old shorthands (``fit_lr``, ``o
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +14,7 @@ import torch
 from torch import nn
 
 from harness.measure.authoring.case import Case, RunContext, Workload, fix
+from harness.measure.authoring.model_targets import ModelCheckError, recipe_for
 from harness.measure.authoring.recipes import (
     DEFAULT_RECIPE,
     Recipe,
@@ -21,6 +25,9 @@ from harness.measure.authoring.recipes import (
 from harness.measure.precision.modes import Precision
 from harness.measure.running.fitting import fit
 from harness.measure.running.training import train_step
+from harness.plugin import MARK, check_model
+from harness.results import storage
+from tests.conftest import FIXTURES, only_run_dir
 
 CPU = torch.device("cpu")
 
@@ -187,3 +194,56 @@ def test_a_fit_runs_its_recipes_optimizer_and_clip() -> None:
 
 def test_adamw_is_the_default_optimizer_factory() -> None:
     assert Recipe().optimizer is adamw
+
+
+def check(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m harness check fit_model:build --stage fit`` from the fixtures folder, as
+    a user runs it: bfloat16 half weights on the CPU, no timing."""
+    return subprocess.run(
+        [sys.executable, "-m", "harness", "check", "fit_model:build", "--stage", "fit",
+         "--device", "cpu", "--dtype", "bfloat16", "--mode", "half", "--no-timing",
+         "--fit-steps", "2", "-n", "0", "--out", str(out), *args],
+        cwd=FIXTURES, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_check_trains_with_the_recipe_it_names(tmp_path: Path) -> None:
+    result = check(tmp_path, "--recipe", "fit_recipes:announced")
+    assert result.returncode != 2, result.stderr
+    fits = [r for r in storage.read_records(only_run_dir(tmp_path)) if r.cell.stage == "fit"]
+    assert [r.cell.mode for r in fits] == ["half"]
+    for record in fits:  # the cell's and the float64 reference's fit both built it
+        assert "the recipe's own optimizer was built, lr 0.25" in (record.error_message or "")
+
+
+@pytest.mark.parametrize(
+    ("spec", "said"),
+    [
+        ("fit_recipes:nope", "--recipe fit_recipes:nope: fit_recipes has no recipe 'nope'"),
+        ("fit_recipes:not_a_recipe", "--recipe fit_recipes:not_a_recipe is dict, not a Recipe "
+         "(harness.measure.authoring.recipes.Recipe)"),
+        ("fit_recipes", "--recipe 'fit_recipes': expected MODULE:NAME, e.g. "
+         "myrecipes:clipped_adamw"),
+    ],
+)  # fmt: skip
+def test_a_bad_recipe_name_is_one_line(tmp_path: Path, spec: str, said: str) -> None:
+    result = check(tmp_path, "--recipe", spec)
+    assert result.returncode != 0
+    assert said in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_the_plugin_refuses_what_is_not_a_recipe_and_a_recipe_with_no_training() -> None:
+    with pytest.raises(ModelCheckError, match="is dict, not a Recipe"):
+        check_model(recipe={"lr": 0.1}, stages=("fit",))
+    with pytest.raises(ModelCheckError, match=r"the recipe .* no stage trains"):
+        check_model(recipe=Recipe(), stages=("forward",))
+    test = check_model(recipe=Recipe(lr=0.5), stages=("fit",))(lambda: None)
+    assert getattr(test, MARK).recipe == Recipe(lr=0.5)
+
+
+def test_a_recipe_entry_applies_to_its_factory_first() -> None:
+    entries = ("m:plain", "build=m:own")
+    assert recipe_for("models:build", entries) == "m:own"
+    assert recipe_for("models:other", entries) == "m:plain"
+    with pytest.raises(ModelCheckError, match="two recipes, --recipe m:a and --recipe m:b"):
+        recipe_for("models:build", ("m:a", "m:b"))

@@ -39,6 +39,15 @@ def fill(check: argparse.ArgumentParser) -> None:
         "FUNC(output, inputs) returns a scalar tensor; it wins over a loss your model "
         "returns; FACTORY=MODULE:FUNC for one target's model only",
     )
+    check.add_argument(
+        "--recipe",
+        action="append",
+        default=[],
+        metavar="MODULE:NAME",
+        help="the recipe of training steps and fits (--stage train, fit): NAME is a "
+        "harness.measure.authoring.recipes.Recipe (optimizer, lr, clip_norm, accumulation, "
+        "scalers); FACTORY=MODULE:NAME for one target's model only",
+    )
     add_run_options(check, MODEL_AXES)
     add_report_dir(check)
 
@@ -56,5 +65,6 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         models_path=str(Path.cwd()),
         keep_fp32=tuple(split_values(args.keep_fp32)),
         losses=tuple(args.loss),
+        recipes=tuple(args.recipe),
     )
     return show_run(run(config), args.report_dir)

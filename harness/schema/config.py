@@ -252,12 +252,14 @@ class RunConfig:
         ),
     )
     #: Models checked by ``check`` (``MODULE:FACTORY``), the folder their modules are
-    #: imported from, the names they keep in float32 (``--keep-fp32``) and the loss their
-    #: training steps take (``--loss``: ``MODULE:FUNC`` or ``FACTORY=MODULE:FUNC``).
+    #: imported from, the names they keep in float32 (``--keep-fp32``), the loss their
+    #: training steps take (``--loss``: ``MODULE:FUNC`` or ``FACTORY=MODULE:FUNC``) and the
+    #: recipe they train with (``--recipe``: ``MODULE:NAME`` or ``FACTORY=MODULE:NAME``).
     models: tuple[str, ...] = ()
     models_path: str = ""
     keep_fp32: tuple[str, ...] = ()
     losses: tuple[str, ...] = ()
+    recipes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return stored(self)

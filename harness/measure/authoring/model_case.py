@@ -24,8 +24,13 @@ the mean squared error of every floating output against a fixed random target. A
 loss wins over the model's own: a user who names one means it (and may read
 ``output.loss`` in it).
 
-What a ``check`` names (its targets, their case names, the ``--keep-fp32`` and ``--loss``
-entries of each) is parsed and checked in :mod:`harness.measure.authoring.model_targets`.
+A ``train`` or ``fit`` cell trains with the recipe the user named (``--recipe
+MODULE:NAME``, ``check_model(recipe=...)``: a
+:class:`~harness.measure.authoring.recipes.Recipe`), else the default recipe.
+
+What a ``check`` names (its targets, their case names, the ``--keep-fp32``, ``--loss`` and
+``--recipe`` entries of each) is parsed and checked in
+:mod:`harness.measure.authoring.model_targets`.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from pathlib import Path
@@ -46,13 +52,16 @@ from harness.measure.authoring.case import Case, RunContext, Upstream, Workload,
 from harness.measure.authoring.model_targets import (
     FACTORY_FORM,
     LOSS_FORM,
+    RECIPE_FORM,
     check_loss_entries,
     keep_for,
     loss_for,
+    recipe_for,
     split_target,
     target_names,
 )
 from harness.measure.authoring.model_targets import ModelCheckError as ModelCheckError
+from harness.measure.authoring.recipes import Recipe
 from harness.schema.axes import (
     CONTROL_FIX,
     CONTROL_MODE,
@@ -255,16 +264,22 @@ def model_case(
     target: str = "",
     loss: Loss | None = None,
     loss_name: str = "",
+    recipe: Recipe | None = None,
+    recipe_name: str = "",
 ) -> Case:
     """A case for the model ``factory`` builds, over the cells ``matrix`` asks for;
     ``target`` is the ``MODULE:FACTORY`` it was named by, where ``check`` named it; ``loss``
-    the loss its training steps take, where the user named one (``loss_name``: as named)."""
+    the loss its training steps take, where the user named one (``loss_name``: as named);
+    ``recipe`` the recipe they train with (``recipe_name``: as named)."""
     modes = tuple(dict.fromkeys((*matrix["modes"], CONTROL_MODE)))
     stages = tuple(dict.fromkeys((FORWARD_STAGE, *matrix["stages"])))
     loss_name = loss_name or getattr(loss, "__qualname__", "") or repr(loss)
     if loss is not None:
         check_loss_signature(loss, loss_name)
         check_loss_stages(stages, loss_name)
+    if recipe is not None:
+        check_recipe(recipe, recipe_name or repr(recipe))
+        check_loss_stages(stages, recipe_name or repr(recipe), "recipe")
     attributes = {
         "name": name,
         "title": (inspect.getdoc(factory) or f"{name}: a model checked by ampmatrix")
@@ -280,18 +295,29 @@ def model_case(
         "target": target,
         "loss_function": None if loss is None else staticmethod(loss),
         "loss_name": loss_name if loss is not None else "",
+        "recipe": recipe,
     }
     cls = type(f"ModelCase_{name.replace('-', '_')}", (ModelCase,), attributes)
     return registry.add_model_case(cls())
 
 
-def check_loss_stages(stages: Sequence[str], name: str) -> None:
-    """A named loss with no stage that takes a loss is a ``ModelCheckError``: the user
-    would read the verdicts as the loss's, and none of them used it."""
+def check_loss_stages(stages: Sequence[str], name: str, what: str = "loss") -> None:
+    """A named loss (or recipe: ``what``) with no stage that trains is a
+    ``ModelCheckError``: the user would read the verdicts as the loss's, and none of them
+    used it."""
     if not set(stages) & set(LOSS_STAGES):
         raise ModelCheckError(
-            f"the loss {name} is taken by a training step, and no stage trains: "
+            f"the {what} {name} is taken by a training step, and no stage trains: "
             f"ask for the stage {' or '.join(LOSS_STAGES)} too"
+        )
+
+
+def check_recipe(recipe: object, name: str) -> None:
+    """What is named as a recipe and is not a ``Recipe`` is a ``ModelCheckError``."""
+    if not isinstance(recipe, Recipe):
+        raise ModelCheckError(
+            f"{name} is {type(recipe).__name__}, not a Recipe "
+            "(harness.measure.authoring.recipes.Recipe)"
         )
 
 
@@ -313,13 +339,39 @@ def load_loss(spec: str, path: str = "") -> Loss:
     return loss
 
 
+def load_recipe(spec: str, path: str = "") -> Recipe:
+    """The recipe named by ``MODULE:NAME`` (``--recipe``), imported as a factory is; a name
+    the module lacks, or an object that is not a ``Recipe``, is a ``ModelCheckError`` that
+    says ``--recipe``."""
+    try:
+        recipe, _ = load_named(spec, path, RECIPE_FORM)
+        if recipe is None:
+            module_name, attribute = split_target(spec, RECIPE_FORM)
+            raise ModelCheckError(f"{spec}: {module_name} has no recipe {attribute!r}")
+        check_recipe(recipe, spec)
+    except ModelCheckError as error:
+        raise ModelCheckError(f"--recipe {error}") from error
+    return typing.cast(Recipe, recipe)
+
+
 def load_function(
     target: str, path: str = "", form: str = FACTORY_FORM
 ) -> tuple[Callable[..., Any], ModuleType]:
     """The function ``MODULE:NAME`` names (importable from ``path``, the folder ``check``
-    ran in, too) and its module. The module is first imported in a forked child
-    (``import_probe``), so one that exits, crashes or hangs as it is imported is one line;
-    torch settings it changes as it is imported are put back."""
+    ran in, too) and its module (see :func:`load_named`)."""
+    function, module = load_named(target, path, form)
+    if not callable(function):
+        raise ModelCheckError(
+            f"{target}: {module.__name__} has no function {split_target(target, form)[1]!r}"
+        )
+    return function, module
+
+
+def load_named(target: str, path: str = "", form: str = FACTORY_FORM) -> tuple[Any, ModuleType]:
+    """What ``MODULE:NAME`` names (None where the module has no such name; importable from
+    ``path``, the folder ``check`` ran in, too) and its module. The module is first imported
+    in a forked child (``import_probe``), so one that exits, crashes or hangs as it is
+    imported is one line; torch settings it changes as it is imported are put back."""
     module_name, attribute = split_target(target, form)
     folder = path or str(Path.cwd())
     if folder not in sys.path:
@@ -329,10 +381,7 @@ def load_function(
         if fatal is not None:
             raise ModelCheckError(f"{target}: {module_name} {fatal.how}")
     module = import_target_module(target, module_name)
-    function = getattr(module, attribute, None)
-    if not callable(function):
-        raise ModelCheckError(f"{target}: {module_name} has no function {attribute!r}")
-    return function, module
+    return getattr(module, attribute, None), module
 
 
 def import_target_module(target: str, module_name: str) -> ModuleType:
@@ -366,10 +415,13 @@ def factory_file(factory: Factory, module: ModuleType) -> str:
     return str(Path(own).resolve()) if own else module.__name__
 
 
-def target_case(target: str, name: str, matrix: Matrix, path: str = "", loss: str = "") -> Case:
+def target_case(
+    target: str, name: str, matrix: Matrix, path: str = "", loss: str = "", recipe: str = ""
+) -> Case:
     """The case of ``MODULE:FACTORY`` named ``name`` (registered once per process), trained
-    on the loss ``MODULE:FUNC`` where ``loss`` names one; a case of that name registered
-    for anything else is a ``ModelCheckError``."""
+    on the loss ``MODULE:FUNC`` where ``loss`` names one, with the recipe ``MODULE:NAME``
+    where ``recipe`` names one; a case of that name registered for anything else is a
+    ``ModelCheckError``."""
     found = registry.find(name)
     if found is not None:
         if getattr(found, "target", None) != target:
@@ -379,8 +431,9 @@ def target_case(target: str, name: str, matrix: Matrix, path: str = "", loss: st
             )
         return found
     function = load_loss(loss, path) if loss else None
+    named_recipe = load_recipe(recipe, path) if recipe else None
     factory, source = load_target(target, path)
-    return model_case(name, factory, matrix, source, target, function, loss)
+    return model_case(name, factory, matrix, source, target, function, loss, named_recipe, recipe)
 
 
 def matrix_of(selection: Selection, keep_fp32: tuple[str, ...]) -> Matrix:
@@ -407,6 +460,7 @@ def registered_models(config: RunConfig) -> list[Case]:
     """The cases of the models a ``check`` run names (registered in every process of the
     run: the runner and each pytest worker)."""
     check_loss_entries(config.models, config.losses)
+    check_loss_entries(config.models, config.recipes, "--recipe", RECIPE_FORM)
     return [
         target_case(
             target,
@@ -414,6 +468,7 @@ def registered_models(config: RunConfig) -> list[Case]:
             matrix_of(config.selection, keep_for(target, config.keep_fp32)),
             config.models_path,
             loss_for(target, config.losses),
+            recipe_for(target, config.recipes),
         )
         for target, name in target_names(config.models).items()
     ]

@@ -1,7 +1,7 @@
 """What a ``check`` names, parsed and checked before any model is built: its targets
-(``MODULE:FACTORY``) and the case name of each, the ``--keep-fp32`` and ``--loss`` entries
-that apply to each target, and the one-line error (:class:`ModelCheckError`) for what is
-wrong with them. Importing and building the models is
+(``MODULE:FACTORY``) and the case name of each, the ``--keep-fp32``, ``--loss`` and
+``--recipe`` entries that apply to each target, and the one-line error
+(:class:`ModelCheckError`) for what is wrong with them. Importing and building the models is
 :mod:`harness.measure.authoring.model_case`'s.
 """
 
@@ -14,6 +14,7 @@ from collections.abc import Sequence
 #: How a factory and a loss function are named, as a one-line error shows them.
 FACTORY_FORM = "MODULE:FACTORY, e.g. models:build_block"
 LOSS_FORM = "MODULE:FUNC, e.g. mylosses:token_loss"
+RECIPE_FORM = "MODULE:NAME, e.g. myrecipes:clipped_adamw"
 
 
 class ModelCheckError(ValueError):
@@ -76,12 +77,24 @@ def loss_for(target: str, losses: Sequence[str]) -> str:
     """The ``--loss`` that applies to ``target`` (empty: none): ``FACTORY=MODULE:FUNC``
     for that factory's model, else a plain ``MODULE:FUNC``, which applies to every
     target; two that apply alike are a ``ModelCheckError``."""
+    return entry_for(target, losses, "--loss", "losses")
+
+
+def recipe_for(target: str, recipes: Sequence[str]) -> str:
+    """The ``--recipe`` that applies to ``target`` (empty: the default recipe), as
+    :func:`loss_for` picks a loss: ``FACTORY=MODULE:NAME`` before ``MODULE:NAME``."""
+    return entry_for(target, recipes, "--recipe", "recipes")
+
+
+def entry_for(target: str, entries: Sequence[str], flag: str, what: str) -> str:
+    """The entry of ``flag`` that applies to ``target``: its factory's own, else a plain
+    one; two that apply alike are a ``ModelCheckError``."""
     factory = split_target(target)[1]
-    own = [spec for owner, spec in map(loss_owner, losses) if owner == factory]
-    every = [spec for owner, spec in map(loss_owner, losses) if not owner]
+    own = [spec for owner, spec in map(loss_owner, entries) if owner == factory]
+    every = [spec for owner, spec in map(loss_owner, entries) if not owner]
     chosen = own or every
     if len(set(chosen)) > 1:
-        raise ModelCheckError(f"{target}: two losses, --loss {' and --loss '.join(chosen)}")
+        raise ModelCheckError(f"{target}: two {what}, {flag} {f' and {flag} '.join(chosen)}")
     return chosen[0] if chosen else ""
 
 
@@ -91,17 +104,19 @@ def loss_owner(entry: str) -> tuple[str, str]:
     return (owner, spec) if equals else ("", entry)
 
 
-def check_loss_entries(targets: Sequence[str], losses: Sequence[str]) -> None:
-    """A ``--loss`` that names no loss, or a ``FACTORY=MODULE:FUNC`` whose factory no
-    target names, is a ``ModelCheckError`` (either would train on the default loss
-    unseen)."""
+def check_loss_entries(
+    targets: Sequence[str], losses: Sequence[str], flag: str = "--loss", form: str = LOSS_FORM
+) -> None:
+    """A ``--loss`` (or ``--recipe``: ``flag``) that names nothing, or a
+    ``FACTORY=MODULE:FUNC`` whose factory no target names, is a ``ModelCheckError``
+    (either would train on the default unseen)."""
     factories = {split_target(target)[1] for target in targets}
     for entry in losses:
         owner, spec = loss_owner(entry)
         if not spec:
-            raise ModelCheckError(f"--loss {entry!r}: expected {LOSS_FORM}")
+            raise ModelCheckError(f"{flag} {entry!r}: expected {form}")
         if owner and owner not in factories:
             raise ModelCheckError(
-                f"--loss {entry}: no target's factory is named {owner!r} "
+                f"{flag} {entry}: no target's factory is named {owner!r} "
                 f"(targets: {', '.join(targets)})"
             )
