@@ -14,9 +14,11 @@ import pytest
 
 from harness.report import aggregate, plots, stages
 from harness.report.markdown import render_markdown
+from harness.report.stages import fit_reason
 from harness.report.writing import render_report
 from harness.results import storage
 from harness.schema.axes import Cell
+from harness.schema.fit_rule import shortfall
 from harness.schema.records import (
     CellRecord,
     FitFigures,
@@ -75,10 +77,10 @@ def fitted(fix: str, losses: tuple[float, ...], lost: float, scale: float | None
            skipped: int = 0) -> CellRecord:  # fmt: skip
     """A fit cell judged as the harness judges one: inaccurate (with its note) when more
     than half its updates were lost or its loss fell more than half short."""
-    shortfall = max(0.0, (losses[-1] - REFERENCE[-1]) / (REFERENCE[0] - REFERENCE[-1]))
-    figures = FitFigures(losses, REFERENCE, skipped, scale, lost, shortfall)
-    stalled = lost > 0.5 or shortfall > 0.5
-    worst = max(lost, shortfall)
+    short = max(0.0, (losses[-1] - REFERENCE[-1]) / (REFERENCE[0] - REFERENCE[-1]))
+    figures = FitFigures(losses, REFERENCE, skipped, scale, lost, short)
+    stalled = lost > 0.5 or short > 0.5
+    worst = max(lost, short)
     return CellRecord(
         cell(CASE, fix, "fit"),
         "2.13.0",
@@ -149,8 +151,20 @@ def test_a_fix_that_passes_inference_and_stalls_in_its_fit_is_named_with_why(fra
     assert "A fix must pass at every stage that ran (forward, train, fit)" in found.criterion
     assert [f.describe() for f in found.stage_failures] == [
         "none: passes inference and the train step; bfloat16/half fit stalls: its loss ends "
-        "65% short of the float64 fit's progress, 65% of its updates lost to rounding"
+        "at 0.86, 65% short of the float64 fit's progress (1 to 0.6), 65% of its updates "
+        "lost to rounding"
     ]
+
+
+def test_a_fits_reason_says_the_scale_its_verdict_used() -> None:
+    """A fit that went far is judged by the float64 fit's last loss, and says so; a slow one
+    by its progress (the case above)."""
+    far = (6.02, 1.0, 0.0105)
+    figures = FitFigures((6.02, 1.1, 0.0483), far, 0, None, 0.02, shortfall(0.0483, far))
+    assert fit_reason(figures) == (
+        "its loss ends at 0.0483, 4.6x the float64 fit's 0.0105, 2% of its updates lost to "
+        "rounding"
+    )
 
 
 def test_a_fix_that_passes_inference_and_fails_its_train_step_is_not_recommended(frame) -> None:

@@ -29,6 +29,7 @@ from harness.schema.axes import (
     TRAIN_STAGE,
     rank,
 )
+from harness.schema.fit_rule import where_it_ends
 from harness.schema.records import RAISES_OTHER, REPRODUCES, FitFigures, Outcome
 
 #: How a sentence names each stage: what a fix passes, and the cell that failed.
@@ -51,7 +52,9 @@ def stages_ran(case_frame: pd.DataFrame) -> list[str]:
 
 def fit_reason(fit: FitFigures) -> str:
     """Why a fit fell behind the float64 fit, in its own figures: a loss that is not
-    finite, every step skipped, or its shortfall and the share of its updates lost."""
+    finite, every step skipped, or where its loss ends by the scale its verdict used (the
+    float64 fit's progress or its last loss: :func:`~harness.schema.fit_rule.where_it_ends`)
+    and the share of its updates lost."""
     losses = fit.losses
     if not all(math.isfinite(v) for v in losses):
         step = next(i for i, v in enumerate(losses) if not math.isfinite(v))
@@ -60,7 +63,7 @@ def fit_reason(fit: FitFigures) -> str:
         return f"the GradScaler skipped all {fit.steps} steps"
     parts = []
     if fit.shortfall is not None:
-        parts.append(f"its loss ends {fit.shortfall:.0%} short of the float64 fit's progress")
+        parts.append(where_it_ends(fit))
     parts.append(f"{fit.lost_share:.0%} of its updates lost to rounding")
     if fit.skipped_steps:
         parts.append(f"{fit.skipped_steps} of {fit.steps} steps skipped")
