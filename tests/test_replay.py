@@ -5,6 +5,7 @@ variance as E[h²] - E[h]² in the activations' dtype) does not."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 from harness.measure import execute
 from harness.measure.authoring.model_case import Matrix, model_case
+from harness.measure.running import replay
 from harness.runner.matrix import expand
 from harness.schema.axes import TRAIN_STAGE
 from harness.schema.records import CellRecord, NoteKind, outcome_label
@@ -225,10 +227,70 @@ def test_top_2_routing_takes_the_cells_choices_within_rounding_only(
 ) -> None:
     """Near-ties in the routing flip by chance; with no band (width 0) the same cells are
     judged against float64's own routing."""
-    from harness.measure.running import replay
-
     with_band = train_cells("moe", factory("top-2-moe", bug=False), dtypes=("bfloat16",))
     assert any("top-k" in " ".join(replay_notes(r)) for r in with_band)
     monkeypatch.setattr(replay, "KINK_WIDTH", 0.0)
     without = train_cells("moe-no-band", factory("top-2-moe", bug=False), dtypes=("bfloat16",))
     assert not any(replay_notes(r) for r in without)
+
+
+class ChoiceInputs(torch.utils._python_dispatch.TorchDispatchMode):
+    """Keeps what every discrete choice is made on (a kink's or a pick's input, a
+    comparison's difference with its scale), in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
+        kwargs = kwargs or {}
+        packet = func.overloadpacket
+        if packet in replay.KINKS and (kink := replay.kink_input(func, args, kwargs)):
+            self.keep(replay.label(func), kink.x, replay.scale_of(kink.x))
+        elif packet in replay.COMPARISONS and replay.outcome_margin(func, args) is not None:
+            a, b = args[0], args[1]
+            self.keep("comparison", a.double() - b, replay.scale_of(a, b))
+        elif packet in replay.PICKS and args[0].is_floating_point():
+            self.keep(replay.label(func), args[0], replay.scale_of(args[0]))
+        return func(*args, **kwargs)
+
+    def keep(self, name: str, x: torch.Tensor, scale: torch.Tensor) -> None:
+        self.seen.append((name, x.detach().double().clone(), scale.double()))
+
+
+def choice_inputs(model: nn.Module, x: torch.Tensor, modes: tuple[Any, Any], low: Any) -> Any:
+    torch.manual_seed(1)
+    with modes[0], modes[1], torch.autocast("cpu", dtype=low or torch.bfloat16, enabled=bool(low)):
+        loss = model(x).double().square().mean()
+    with modes[0], modes[1]:
+        loss.backward()
+    return modes[1].seen
+
+
+@pytest.mark.parametrize("body", ["top-2-moe", "clamped", "max-pool", "gated"])
+def test_the_cells_choices_are_made_within_half_the_band_of_float64s(body: str) -> None:
+    """KINK_WIDTH's measure for the choices beyond ReLU: what a healthy cell's choices are
+    made on lies within half the band (4 eps of the tensor's largest) of what float64's
+    replayed along the cell's choices are made on (CPU, torch 2.13.0: top-k 0.50 eps,
+    argmax 0.38, max-pool 0.39, clamp and comparisons 0.82, hardtanh 0.62)."""
+    model, inputs = factory(body, bug=False)()
+    for dtype, mode in (("float16", "autocast"), ("bfloat16", "half")):
+        low = getattr(torch, dtype)
+        cell = copy.deepcopy(model).to(low) if mode == "half" else copy.deepcopy(model)
+        x = inputs["input"].to(low) if mode == "half" else inputs["input"]
+        recorder = replay.Recorder()
+        seen = choice_inputs(
+            cell, x, (recorder, ChoiceInputs()), low if mode == "autocast" else None
+        )
+        reference = copy.deepcopy(model).double()
+        own = replay.Recorder(reference=True)
+        choice_inputs(reference, inputs["input"].double(), (own, ChoiceInputs()), None)
+        plan = replay.plan_replay(own.recorded, recorder.recorded.on_cpu(), dtype, True)
+        along = replay.Replay(None, plan.choices if plan else None, dtype)
+        float64 = choice_inputs(reference, inputs["input"].double(), (along, ChoiceInputs()), None)
+        assert [n for n, _, _ in seen] == [n for n, _, _ in float64]
+        for (name, ours, _), (_, theirs, scale) in zip(seen, float64, strict=True):
+            apart = float((ours.to(theirs) - theirs).abs().amax() / scale) / replay.dtype_eps(
+                dtype
+            )
+            assert apart < replay.KINK_WIDTH / 2, (name, dtype, mode, apart)
