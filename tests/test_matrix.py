@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from harness.measure.authoring import registry
@@ -20,16 +22,27 @@ def toy(toy_registry: None) -> list[Case]:
 
 def test_expansion_follows_declared_axes(toy: list[Case]) -> None:
     cells = list(matrix.case_cells(toy[0], ["cpu"]))
-    # none, cast-input: 2 dtypes in half + the fp32 control for none; three half-only fixes.
-    assert len(cells) == 2 * 2 + 1 + 3 * 2
+    # five fixes (two of every mode, three half-only): 2 dtypes in half + the fp32 control
+    assert len(cells) == 5 * (2 + 1)
     assert Cell("toy-mixed-matmul", "none", "cpu", "float32", "fp32", "eager") in cells
-    assert all(c.mode == "half" for c in cells if c.fix != "none")
+    assert all(c.mode in ("half", "fp32") for c in cells)
     assert len(set(cells)) == len(cells)
 
 
-def test_fp32_control_runs_only_the_upstream_path(toy: list[Case]) -> None:
+def test_fp32_control_runs_for_every_fix(toy: list[Case]) -> None:
+    """A fix narrowed to a mode (``half``) still runs plain in float32: the control shows
+    each fix's code is right where precision is not in question."""
     fp32 = [c for c in matrix.case_cells(toy[0], ["cpu"]) if c.mode == "fp32"]
-    assert [(c.fix, c.dtype) for c in fp32] == [("none", "float32")]
+    assert sorted(c.fix for c in fp32) == sorted(toy[0].fixes)
+    assert {c.dtype for c in fp32} == {"float32"}
+
+
+def test_a_fix_narrowed_to_a_dtype_runs_in_it_and_the_control_only(toy: list[Case]) -> None:
+    case = toy[0]
+    narrowed = dataclasses.replace(case.fixes["cast-input"], dtypes=("bfloat16",))
+    cells = list(matrix.fix_cells(case, narrowed, "cpu", "small"))
+    assert sorted((c.dtype, c.mode) for c in cells) == [("bfloat16", "half"), ("float32", "fp32")]
+    assert registry.contract_problems(case) == []
 
 
 def test_cuda_cells_are_recorded_as_skipped_when_no_gpu(
@@ -118,3 +131,19 @@ def test_a_case_older_torch_cannot_run_is_skipped_with_the_release_it_needs() ->
     assert environment.torch_version_skip_reason("2.4", "2.4.1") is None
     assert environment.torch_version_skip_reason("2.4", "2.13.0") is None  # not text order
     assert environment.torch_version_skip_reason(None, "2.1.2") is None
+
+
+def test_a_fix_naming_a_dtype_its_case_lacks_is_a_contract_problem() -> None:
+    from harness.measure.authoring.case import fix
+
+    class Narrow(Case):
+        name = "narrow"
+        dtypes = ("float16",)
+
+        @fix("none", rationale="upstream", dtypes=("bfloat16",))
+        def none(self, w: object, ctx: object) -> None:
+            return None
+
+    assert "fix 'none' names dtype 'bfloat16' the case does not declare" in (
+        registry.contract_problems(Narrow())
+    )

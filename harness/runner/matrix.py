@@ -21,7 +21,6 @@ from harness.measure.running.training import grad_scaler_skip_reason
 from harness.schema.axes import (
     AXIS,
     CONTROL_DTYPE,
-    CONTROL_FIX,
     CONTROL_MODE,
     DEFAULT_SIZES,
     DEFAULT_STAGES,
@@ -107,15 +106,28 @@ def case_cells(
 def fix_cells(
     case: Case, fix: Fix, device: str, size: str, stage: str = FORWARD_STAGE
 ) -> Iterator[Cell]:
-    """A fix's cells on one device at one size and stage: its modes, dtypes, backends,
-    compiles."""
-    for mode in fix.modes or case.modes:
-        if mode == CONTROL_MODE and fix.name != CONTROL_FIX:
-            continue
-        dtypes = (CONTROL_DTYPE,) if mode == CONTROL_MODE else case.dtypes
+    """A fix's cells on one device at one size and stage: its modes, dtypes (those it
+    narrows the case's to), backends, compiles; and the float32 control for every fix, so
+    each is seen to run plain in float32 too."""
+    for mode in fix_modes(case, fix):
+        dtypes = (CONTROL_DTYPE,) if mode == CONTROL_MODE else fix_dtypes(case, fix)
         backends = fix.backends or case.backends
         for dtype, backend, compiled in itertools.product(dtypes, backends, case.compiles):
             yield Cell(case.name, fix.name, device, dtype, mode, backend, compiled, size, stage)
+
+
+def fix_modes(case: Case, fix: Fix) -> tuple[str, ...]:
+    """The modes a fix runs: those it narrows the case's to, and the float32 control where
+    the case has one, whatever the fix names."""
+    modes = fix.modes or case.modes
+    if CONTROL_MODE in case.modes and CONTROL_MODE not in modes:
+        modes = (*modes, CONTROL_MODE)
+    return modes
+
+
+def fix_dtypes(case: Case, fix: Fix) -> tuple[str, ...]:
+    """The low-precision dtypes a fix runs in: the case's, narrowed to the fix's."""
+    return tuple(d for d in case.dtypes if fix.dtypes is None or d in fix.dtypes)
 
 
 def skip_reason(case: Case, cell: Cell) -> str | None:

@@ -230,6 +230,9 @@ class Fix:
     upstream: str = ""
     modes: tuple[str, ...] | None = None
     backends: tuple[str, ...] | None = None
+    #: The low-precision dtypes this fix runs in, where it narrows the case's (a fix for a
+    #: bfloat16 failure); the float32 control runs for every fix whatever it names.
+    dtypes: tuple[str, ...] | None = None
     #: The parts this fix keeps in float32, where it keeps fewer than its case (a subset of
     #: the case's ``keep_fp32``); None: the case's.
     keep_fp32: tuple[str, ...] | None = None
@@ -252,11 +255,13 @@ def fix(
     modes: tuple[str, ...] | None = None,
     backends: tuple[str, ...] | None = None,
     keep_fp32: tuple[str, ...] | None = None,
+    dtypes: tuple[str, ...] | None = None,
     grad_scaler: bool = True,
     optimizer: OptimizerFactory | None = None,
     recipe: Recipe | None = None,
 ) -> Callable[[FixFunction], FixFunction]:
-    """Mark a method of a Case as a fix. ``modes``/``backends`` narrow where it applies;
+    """Mark a method of a Case as a fix. ``modes``/``backends``/``dtypes`` narrow where it
+    applies (the float32 control runs for every fix);
     ``keep_fp32`` narrows what of the case's ``keep_fp32`` it keeps in float32;
     ``recipe`` is the :class:`~harness.measure.authoring.recipes.Recipe` its training
     steps and fits run, where that is part of the fix. Two shorthands for a recipe:
@@ -278,6 +283,7 @@ def fix(
             modes=modes,
             backends=backends,
             keep_fp32=keep_fp32,
+            dtypes=dtypes,
             grad_scaler=grad_scaler,
             optimizer=optimizer,
             recipe=recipe,

@@ -162,6 +162,9 @@ def _fix_problems(case: Case) -> list[str]:
         for backend in fix.backends or ():
             if backend not in case.backends:
                 problems.append(f"fix {name!r} names backend {backend!r} the case lacks")
+        for dtype in fix.dtypes or ():
+            if dtype not in case.dtypes:
+                problems.append(f"fix {name!r} names dtype {dtype!r} the case does not declare")
         for kept in fix.keep_fp32 or ():
             if kept not in case.keep_fp32:
                 problems.append(
