@@ -17,7 +17,9 @@ The rule, written down once (every record carries the numbers it used):
     (PyTorch's own SDPA tests anchor on a low-precision reference against a float64 golden
     result in the same way). float32 data cannot be rounded to float32, so the float32
     control's rounding is simulated: every value moved by a random relative amount of at
-    most float32's unit roundoff (TF32's where a GPU computes float32 matmuls in TF32).
+    most float32's unit roundoff (TF32's where a GPU computes float32 matmuls in TF32),
+    and its run is float32 arithmetic, every op's result moved so, times ``sqrt(K)`` for
+    an op summing ``K`` terms (:mod:`harness.measure.judge.float32_arithmetic`).
   - **fix**: a different, trusted fix (the case's reference fix) run plainly in the cell's
     dtype on the cell's device: what an honest low-precision computation achieves there.
     A cell of the reference fix itself has no such yardstick: it would be judged against
