@@ -124,6 +124,27 @@ PICKS = {
 NOT_DRAWS = {aten.rrelu_with_noise, getattr(aten, "rrelu_with_noise_", aten.rrelu_with_noise)}
 
 
+DRAW, KINK, OUTCOME, PICK = "draw", "kink", "outcome", "pick"
+#: What each op seen is to the replay (None: nothing), by op overload.
+_KINDS: dict[Any, str | None] = {}
+
+
+def kind_of(func: Any) -> str | None:
+    """Whether an op draws, is a kink, has a choice for its output, or picks; None for the
+    others (most ops), looked up once per op."""
+    if func not in _KINDS:
+        packet = func.overloadpacket
+        if is_draw(func):
+            _KINDS[func] = DRAW
+        elif packet in KINKS:
+            _KINDS[func] = KINK
+        elif packet in COMPARISONS or packet in TO_INTEGERS:
+            _KINDS[func] = OUTCOME
+        else:
+            _KINDS[func] = PICK if packet in PICKS else None
+    return _KINDS[func]
+
+
 def dtype_eps(dtype: str) -> float:
     if dtype in SIMULATED_EPS:
         return SIMULATED_EPS[dtype]
@@ -422,18 +443,20 @@ class Recorder(LazyDynamoMode):
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
         kwargs = kwargs or {}
-        packet = func.overloadpacket
+        kind = kind_of(func)
+        if kind is None or (kind == KINK and not self.kinks):
+            return func(*args, **kwargs)  # most ops: nothing to keep
         hook = sys.getprofile()
         sys.setprofile(None)  # the watch's profile hook has nothing to see here
         try:
-            if self.kinks and packet in KINKS:
+            if kind == KINK:
                 return self.kink(func, args, kwargs)
             out = func(*args, **kwargs)
-            if is_draw(func):
+            if kind == DRAW:
                 self.draw(func, out)
-            elif packet in COMPARISONS or packet in TO_INTEGERS:
+            elif kind == OUTCOME:
                 self.outcome(func, args, out)
-            elif packet in PICKS:
+            else:
                 self.pick(func, args, kwargs, out)
             return out
         finally:
