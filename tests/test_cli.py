@@ -43,7 +43,8 @@ def test_run_toy_case_end_to_end(tmp_path: Path) -> None:
     assert by_fix["noisy", "float16", "cpu"].outcome is Outcome.INACCURATE
     assert by_fix["none", "float32", "cpu"].outcome is Outcome.PASSES
     ran = [r for r in records if r.outcome is not Outcome.SKIPPED]
-    assert len(ran) == 11 and {r.worker for r in ran} <= {"gw0", "gw1"}
+    assert len(ran) == 15 and {r.worker for r in ran} <= {"gw0", "gw1"}  # 5 fixes' controls
+    assert {r.cell.fix for r in ran if r.cell.mode == "fp32"} == {r.cell.fix for r in ran}
     env = storage.read_env(run_dir)
     assert env.torch_version and env.command and env.command[1] == "run"
     assert env.finished_at is not None
