@@ -294,3 +294,55 @@ def test_the_cells_choices_are_made_within_half_the_band_of_float64s(body: str) 
                 dtype
             )
             assert apart < replay.KINK_WIDTH / 2, (name, dtype, mode, apart)
+
+
+class OverflowingDropout(nn.Module):
+    """Dropout before a softmax written out without subtracting the maximum: its scores
+    (about 12) overflow ``exp`` in float16, so the step's gradients are not finite."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scores = nn.Linear(WIDTH, WIDTH)
+        nn.init.constant_(self.scores.bias, 12.0)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        exp = self.drop(self.scores(x)).exp()
+        return x + exp / exp.sum(-1, keepdim=True)
+
+
+def test_a_step_gone_non_finite_with_dropout_active_is_judged(clean_registry: None) -> None:
+    """A step whose gradients are not finite is taken again to say where, drawing its
+    dropout masks again: the cell drew twice what float64 drew, and is judged inaccurate
+    (it crashed the harness, a strict zip over the draws)."""
+
+    def build() -> tuple[Any, ...]:
+        torch.manual_seed(0)
+        return nn.Sequential(OverflowingDropout(), Head(False)), {
+            "input": torch.randn(BATCH, TOKENS, WIDTH)
+        }
+
+    records = train_cells("overflowing-dropout", build, dtypes=("float16",))
+    low = [r for r in records if r.cell.dtype == "float16"]
+    assert len(low) == 2
+    for record in low:
+        assert outcome_label(record) == "inaccurate", (
+            record.cell,
+            record.error_message,
+            record.notes,
+        )
+
+
+def test_draws_after_float64s_last_are_not_float64s_to_take() -> None:
+    """A cell that drew float64's draws and then more (its step taken again) is replayed
+    with float64's count of its draws, the first ones."""
+    first, second = torch.rand(3, dtype=torch.float16), torch.rand(3, dtype=torch.float16)
+    reference = replay.Recorded([replay.Draw("aten.rand.default", first.double())])
+    cell = replay.Recorded(
+        [replay.Draw("aten.rand.default", first), replay.Draw("aten.rand.default", second)]
+    )
+    assert replay.plan_replay(reference, cell, "float16", True) is None
+    other = replay.Recorded([replay.Draw("aten.rand.default", second), *cell.draws])
+    plan = replay.plan_replay(reference, other, "float16", True)
+    assert plan is not None and plan.draws is not None
+    assert [torch.equal(d.value, second) for d in plan.draws] == [True]

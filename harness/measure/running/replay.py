@@ -706,16 +706,19 @@ class ReplayPlan:
 def plan_replay(reference: Recorded, cell: Recorded, dtype: str, kinks: bool) -> ReplayPlan | None:
     """What the reference must be taken again with for ``cell``, or None where float64's
     own draws and choices are the cell's (no draw differs, no choice crossed within the
-    band): the replay is paid only by the cells that need it."""
+    band): the replay is paid only by the cells that need it. What the cell drew after
+    float64's last draw is not float64's to take (see :func:`draws_unmatched`): a step whose
+    gradients are not finite is taken again to say where, and draws again."""
     unmatched = draws_unmatched(reference.draws, cell.draws)
+    taken = cell.draws[: len(reference.draws)]
     draws_differ = unmatched is None and any(
-        not r.same_values(c) for r, c in zip(reference.draws, cell.draws, strict=True)
+        not r.same_values(c) for r, c in zip(reference.draws, taken, strict=True)
     )
     crossed = crossings(reference.choices, cell.choices, dtype)
     if not (draws_differ or crossed):
         return ReplayPlan(None, None, kinks, unmatched) if unmatched else None
     return ReplayPlan(
-        tuple(cell.draws) if draws_differ else None,
+        tuple(taken) if draws_differ else None,
         tuple(cell.choices) if cell.choices else None,
         kinks,
         unmatched,
@@ -725,7 +728,8 @@ def plan_replay(reference: Recorded, cell: Recorded, dtype: str, kinks: bool) ->
 def draws_unmatched(reference: Sequence[Draw], cell: Sequence[Draw]) -> str | None:
     """Why the cell's draws cannot stand for float64's (another number, op or shape), or
     None where they can. A cell may draw more than float64 after float64's last draw (a
-    GradScaler's step taken again draws again): those are not float64's to take."""
+    step taken again to say where its gradients went non-finite draws again): those are not
+    float64's to take."""
     if not reference:
         return None
     if len(cell) < len(reference):
