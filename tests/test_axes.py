@@ -55,6 +55,7 @@ def toy_case(**declared: object) -> Any:
         "size_names": ("small",),
         "sizes": (),
         "stages": ("forward",),
+        "scaler_names": ("none",),
         "flavours": ("plain", "spicy"),
     }
     return SimpleNamespace(**{**values, **declared})

@@ -115,7 +115,7 @@ def test_non_finite_numbers_are_strict_json_strings_and_read_back() -> None:
 
 def test_the_record_holds_typed_flags_dtype_lists_and_settings_changes() -> None:
     data = non_finite_record().to_dict()
-    assert data["schema_version"] == SCHEMA_VERSION == 5
+    assert data["schema_version"] == SCHEMA_VERSION == 6
     assert data["flags"] == [
         {"kind": "drift", "detail": "matmul computed in float32", "share": "NaN"}
     ]

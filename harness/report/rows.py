@@ -161,14 +161,19 @@ def line_verdicts(parsed: ParsedRun) -> list[tuple[Any, ...]]:
     return [_VERDICTS[keys[i]] for i in parsed.kept]
 
 
+#: The cell's fields its row label reads (``Cell.row``): the fix, backend, compile, and the
+#: scaler beside what decides the mode's (dtype, mode, stage).
+ROW_FIELDS = ("fix", "backend", "compile", "dtype", "mode", "stage", "scaler")
+
+
 def cell_rows(columns: dict[str, list[Any]]) -> tuple[list[str], list[str]]:
-    """Each cell's row label with and without its backend (``Cell.row``), once per fix,
-    backend and compile."""
-    places = list(zip(columns["fix"], columns["backend"], columns["compile"], strict=True))
+    """Each cell's row label with and without its backend (``Cell.row``), once per
+    distinct value of the fields it reads."""
+    places = list(zip(*(columns[name] for name in ROW_FIELDS), strict=True))
     labels = {}
-    for fix, backend, compiled in set(places):
-        cell = Cell("", fix, "", "", "", backend, compiled)
-        labels[fix, backend, compiled] = (cell.row(show_backend=True), cell.row(False))
+    for place in set(places):
+        cell = Cell("", device="", **dict(zip(ROW_FIELDS, place, strict=True)))
+        labels[place] = (cell.row(show_backend=True), cell.row(False))
     return [labels[p][0] for p in places], [labels[p][1] for p in places]
 
 

@@ -24,13 +24,21 @@ from harness.schema.axes import (
     CONTROL_MODE,
     DEFAULT_SIZES,
     DEFAULT_STAGES,
-    FIT_STAGE,
+    DYNAMIC_SCALER,
     FORWARD_STAGE,
-    TRAIN_STAGE,
+    MODES,
+    TRAINING_STAGES,
     Cell,
 )
 from harness.schema.devices import CUDA, device_kind, indexed_device
 from harness.schema.selection import Selection
+
+#: Why a GradScaler cell of float16 half weights is not run: torch.amp.GradScaler's
+#: ``unscale_`` raises "Attempting to unscale FP16 gradients" (a recipe's static scale runs).
+HALF_GRAD_SCALER_REFUSAL = (
+    "a GradScaler refuses to unscale the float16 gradients of half weights "
+    "(a static scaler trains them)"
+)
 
 
 @dataclass
@@ -107,13 +115,16 @@ def fix_cells(
     case: Case, fix: Fix, device: str, size: str, stage: str = FORWARD_STAGE
 ) -> Iterator[Cell]:
     """A fix's cells on one device at one size and stage: its modes, dtypes (those it
-    narrows the case's to), backends, compiles; and the float32 control for every fix, so
-    each is seen to run plain in float32 too."""
+    narrows the case's to), backends, compiles, and in a stage that trains the scalers its
+    recipe names (``Case.scalers_of``); and the float32 control for every fix, so each is
+    seen to run plain in float32 too."""
     for mode in fix_modes(case, fix):
         dtypes = (CONTROL_DTYPE,) if mode == CONTROL_MODE else fix_dtypes(case, fix)
         backends = fix.backends or case.backends
         for dtype, backend, compiled in itertools.product(dtypes, backends, case.compiles):
-            yield Cell(case.name, fix.name, device, dtype, mode, backend, compiled, size, stage)
+            for scaler in case.scalers_of(fix.name, dtype, mode, stage):
+                where = (device, dtype, mode, backend, compiled, size, stage, scaler)
+                yield Cell(case.name, fix.name, *where)
 
 
 def fix_modes(case: Case, fix: Fix) -> tuple[str, ...]:
@@ -140,12 +151,14 @@ def skip_reason(case: Case, cell: Cell) -> str | None:
 
 
 def stage_skip_reason(cell: Cell) -> str | None:
-    """A train or fit cell of float16 under autocast needs a GradScaler this torch has
-    here."""
-    training = cell.stage in (TRAIN_STAGE, FIT_STAGE)
-    if training and cell.mode == "autocast" and cell.dtype == "float16":
-        return grad_scaler_skip_reason(cell.device)
-    return None
+    """A train or fit cell scaled by a GradScaler (``dynamic``) needs one this torch has
+    here, and weights it unscales: it refuses the float16 gradients of half weights (a
+    ``static`` scale trains them)."""
+    if cell.stage not in TRAINING_STAGES or cell.scaler != DYNAMIC_SCALER:
+        return None
+    if cell.dtype == "float16" and MODES[cell.mode].casts_model:
+        return HALF_GRAD_SCALER_REFUSAL
+    return grad_scaler_skip_reason(cell.device)
 
 
 def expand(cases: Iterable[Case], selection: Selection = Selection()) -> Plan:

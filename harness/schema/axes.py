@@ -102,6 +102,32 @@ SCALERS: tuple[ScalerName, ...] = get_args(ScalerName)
 NO_SCALER: Final = "none"
 DYNAMIC_SCALER: Final = "dynamic"
 STATIC_SCALER: Final = "static"
+#: The stages that train, and so scale a loss.
+TRAINING_STAGES: tuple[Stage, ...] = (TRAIN_STAGE, FIT_STAGE)
+#: How a row label names a scaler policy where it is not the cell's own default.
+SCALER_WORDS: dict[str, str] = {
+    NO_SCALER: "no scaler",
+    DYNAMIC_SCALER: "dynamic scaler",
+    STATIC_SCALER: "static scaler",
+}
+
+
+def mode_scaler(dtype: str, mode: str) -> str:
+    """The mode's loss scaling where a recipe names none: a GradScaler for float16 under
+    autocast with float32 weights (the AMP recipe), none elsewhere (bfloat16 has float32's
+    range; a GradScaler refuses to unscale the float16 gradients of half weights)."""
+    return DYNAMIC_SCALER if (dtype, mode) == ("float16", "autocast") else NO_SCALER
+
+
+def default_scaler(dtype: str, mode: str, stage: str) -> str:
+    """A cell's scaler where nothing names another: the mode's in a stage that trains,
+    none in a forward (it scales no loss)."""
+    return mode_scaler(dtype, mode) if stage in TRAINING_STAGES else NO_SCALER
+
+
+#: An axis's ``default`` where it depends on the cell (``Axis.default_of``): a cell given
+#: this takes its own.
+OWN_DEFAULT: Final = ""
 
 
 def rank(order: tuple[str, ...], value: str) -> int:
@@ -139,6 +165,11 @@ class Axis:
     indexed: tuple[str, ...] = ()
     #: What the flag takes, for its help, where it is more than a value.
     flag_help: str = ""
+    #: The name of a :class:`Cell` property giving this axis's default for that cell, where
+    #: the default depends on the cell's other axes (a scaler: the mode's); the axis's
+    #: ``default`` is then :data:`OWN_DEFAULT`. Such a value is left out of the cell's id and
+    #: row label, and a cell or record given none takes it.
+    default_of: str = ""
     #: The Cell field; filled in from the field's name.
     name: str = ""
 
@@ -228,12 +259,34 @@ class Cell:
         flag_help=f"; {', '.join(STAGES)} or all (default: {' and '.join(DEFAULT_STAGES)}, "
         f"those a case declares; in check: {' and '.join(MODEL_STAGES)})",
     )
+    #: How a train or fit cell scales its loss (``none``, ``dynamic``, ``static``: see
+    #: :data:`SCALERS`), from its recipe's ``scalers``, else the mode's; ``none`` in a forward.
+    #: Scaled and unscaled training of one fix are rows of one column, compared side by side.
+    scaler: str = axis(
+        "scalers",
+        declared_as="scaler_names",
+        vocabulary=SCALERS,
+        default=OWN_DEFAULT,
+        named_in_id=True,
+        default_of="default_scaler",
+        flag_help=f"; {', '.join(SCALERS)} (a train or fit cell's loss scaling; "
+        "default: those its recipe names, else the mode's)",
+    )
+
+    def __post_init__(self) -> None:
+        """An axis whose default depends on the cell (``Axis.default_of``) given no value
+        takes it: a train cell that names no scaler scales as its mode does, and so does a
+        record written before the scaler axis."""
+        for spec in axes_of(type(self)):
+            if spec.default_of and not getattr(self, spec.name):
+                object.__setattr__(self, spec.name, getattr(self, spec.default_of))
 
     @property
     def id(self) -> str:
         """The cell's identity: ``case[fix,device,dtype,mode,backend]``, with ``,inductor``
-        appended for a compiled cell and ``,size=upstream`` for a cell not of the small size
-        (an axis at its default is left out, so ids written before it stay what they were)."""
+        appended for a compiled cell, ``,size=upstream`` for a cell not of the small size and
+        ``,scaler=none`` for a train cell not scaled as its mode scales (an axis at its
+        default is left out, so ids written before it stay what they were)."""
         return axis_id(self, axes_of(type(self)))
 
     @property
@@ -241,11 +294,21 @@ class Cell:
         """A row label for tables whose case ran several backends: ``fix [backend]``."""
         return f"{self.fix} [{self.backend}]"
 
+    @property
+    def default_scaler(self) -> str:
+        """The scaler this cell takes where its recipe names none (:func:`default_scaler`)."""
+        return default_scaler(self.dtype, self.mode, self.stage)
+
     def row(self, show_backend: bool) -> str:
-        """The row label of tables: the fix, its backend where a case ran several, and how it
-        was compiled where it was (``none (inductor)``)."""
+        """The row label of tables: the fix, its backend where a case ran several, how it
+        was compiled where it was and its scaler where it is not the mode's
+        (``none (inductor)``, ``none (no scaler)``): one fix keeps one label across the
+        float16 and bfloat16 columns where each trains as its mode does."""
         label = self.fix_and_backend if show_backend else self.fix
-        return label if self.compile == EAGER else f"{label} ({self.compile})"
+        apart = [self.compile] if self.compile != EAGER else []
+        if self.scaler != self.default_scaler:
+            apart.append(SCALER_WORDS.get(self.scaler, self.scaler))
+        return f"{label} ({', '.join(apart)})" if apart else label
 
     @property
     def column(self) -> Column:
@@ -293,9 +356,10 @@ def axis_id(cell: Any, axes: tuple[Axis, ...]) -> str:
     parts = []
     for spec in rest:
         value = getattr(cell, spec.name)
-        if spec.default is None:
+        default = getattr(cell, spec.default_of) if spec.default_of else spec.default
+        if default is None:
             parts.append(value)
-        elif value != spec.default:
+        elif value != default:
             parts.append(f"{spec.name}={value}" if spec.named_in_id else value)
     return f"{getattr(cell, first.name)}[{','.join(parts)}]"
 

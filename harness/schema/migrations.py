@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from harness.schema.axes import NO_SCALER
 from harness.schema.records import CrashKind, NoteKind, Outcome
 from harness.schema.typed import mismatch
 
@@ -19,6 +20,10 @@ V1_CRASH_KINDS = {
 V4_DTYPE_JOIN = "+"
 #: Schema 4's dtype fields and schema 5's lists that replace them.
 V4_DTYPE_FIELDS = {"out_dtype": "out_dtypes", "attn_dtype": "attn_dtypes"}
+#: The built-in fixes that trained with no loss scaling where their mode scales
+#: (``@fix(grad_scaler=False)``), by case and fix: a schema 5 record kept its recipe
+#: nowhere, so these are known by name alone.
+V5_UNSCALED_FIXES = frozenset({("fp16-no-grad-scaler", "none")})
 
 
 def migrated(data: dict[str, Any], version: int) -> dict[str, Any]:
@@ -29,6 +34,8 @@ def migrated(data: dict[str, Any], version: int) -> dict[str, Any]:
         data = migrate_v3(data)
     if version < 5:
         data = migrate_v4(data)
+    if version < 6:
+        data = migrate_v5(data)
     return data
 
 
@@ -70,4 +77,17 @@ def migrate_v4(data: dict[str, Any]) -> dict[str, Any]:
             raise TypeError(mismatch(old, str | None, joined))
         data[new] = joined.split(V4_DTYPE_JOIN) if joined else []
     data["settings_changes"] = []
+    return data
+
+
+def migrate_v5(data: dict[str, Any]) -> dict[str, Any]:
+    """Schema 5 and older had no ``scaler``: a train or fit cell scaled its loss as its
+    mode does (``Cell.from_dict`` reads an absent scaler so: a GradScaler for float16
+    under autocast, none elsewhere), but where its fix's recipe scaled nothing. A record
+    kept no recipe, so that is known only for the built-in fixes that scaled nothing
+    (:data:`V5_UNSCALED_FIXES`); a case of one's own whose fix trained unscaled reads as
+    scaled by its mode."""
+    data = dict(data)
+    if "scaler" not in data and (data.get("case"), data.get("fix")) in V5_UNSCALED_FIXES:
+        data["scaler"] = NO_SCALER
     return data

@@ -40,8 +40,10 @@ from harness.schema.typed import (
 #: 5: flags' kinds are :class:`FlagKind`; ``out_dtypes`` and ``attn_dtypes`` are lists, not
 #: texts joined with ``"+"``; ``settings_changes`` are typed; a non-finite number is the
 #: string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``, so each line is strict JSON.
+#: 6: a cell has a ``scaler`` (its loss scaling: ``none``, ``dynamic``, ``static``), an
+#: axis of its own where it was a property of the fix.
 #: Older records are read through ``harness.schema.migrations``.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 class Outcome(str, Enum):

@@ -38,7 +38,9 @@ from harness.schema.axes import (
     FORWARD_STAGE,
     LOW_PRECISION_DTYPES,
     NO_SCALER,
+    SCALERS,
     SMALL_SIZE,
+    TRAINING_STAGES,
     Cell,
 )
 from harness.schema.devices import DEVICE_KINDS
@@ -396,6 +398,28 @@ class Case:
         if not own.grad_scaler:
             recipe = recipe.with_scalers(NO_SCALER)
         return recipe
+
+    def scalers_of(self, fix: str, dtype: str, mode: str, stage: str) -> tuple[str, ...]:
+        """The loss-scaling policies ``fix`` runs at ``dtype``, ``mode`` and ``stage``, each a
+        cell of its own (the scaler axis): its recipe's in a stage that trains
+        (:meth:`Recipe.scalers_for`), none in a forward."""
+        if stage not in TRAINING_STAGES:
+            return (NO_SCALER,)
+        return self.recipe_of(fix).scalers_for(dtype, mode, self.manages_precision)
+
+    @property
+    def scaler_names(self) -> tuple[str, ...]:
+        """Every scaler policy the case's cells run, the scaler axis's declared values:
+        ``none`` (its forward and its float32 control) and those its fixes' recipes name."""
+        named = {
+            scaler
+            for fix in self.fixes
+            for dtype in self.dtypes
+            for mode in self.modes
+            for stage in self.stages
+            for scaler in self.scalers_of(fix, dtype, mode, stage)
+        }
+        return tuple(s for s in SCALERS if s in named or s == NO_SCALER)
 
     def loss(self, output: Any, workload: Workload, ctx: RunContext) -> Any:
         """The loss of a training step from the fix's output: by default the loss the output

@@ -33,10 +33,10 @@ import torch
 
 from harness.schema.axes import (
     CONTROL_MODE,
-    DYNAMIC_SCALER,
     NO_SCALER,
     SCALERS,
 )
+from harness.schema.axes import mode_scaler as mode_scaler  # the mode's, where a recipe names none
 
 #: An optimizer a recipe steps with: ``f(params, lr)``.
 OptimizerFactory = Callable[[list[torch.Tensor], float], torch.optim.Optimizer]
@@ -111,13 +111,6 @@ class Recipe:
 
     def with_scalers(self, *scalers: str) -> Recipe:
         return replace(self, scalers=scalers)
-
-
-def mode_scaler(dtype: str, mode: str) -> str:
-    """The mode's loss scaling where a recipe names none: a GradScaler for float16 under
-    autocast with float32 weights (the AMP recipe), none elsewhere (bfloat16 has float32's
-    range; a GradScaler refuses to unscale the float16 gradients of half weights)."""
-    return DYNAMIC_SCALER if (dtype, mode) == ("float16", "autocast") else NO_SCALER
 
 
 #: The harness's recipe where a case, fix or user names none.

@@ -35,7 +35,14 @@ from harness.measure.running.replay import Recorded, Recorder
 from harness.measure.tracing.python_watch import PythonWatch, watch_python
 from harness.measure.tracing.tensor_marks import Names
 from harness.measure.tracing.trail import DtypeTracer, tracing
-from harness.schema.axes import EAGER, FIT_STAGE, FORWARD_STAGE, TRAIN_STAGE, Cell
+from harness.schema.axes import (
+    EAGER,
+    FIT_STAGE,
+    FORWARD_STAGE,
+    TRAIN_STAGE,
+    TRAINING_STAGES,
+    Cell,
+)
 from harness.schema.records import Flag, Note
 from harness.schema.trail_records import Drift, Trail
 
@@ -63,17 +70,14 @@ def context_for(case: Case, cell: Cell, observe: bool = True) -> RunContext:
         size=cell.size,
         dims=case.dims(cell.size),
         stage=cell.stage,
-        scaler=cell_scaler(case, cell),
+        scaler=cell_scaler(cell),
     )
 
 
-def cell_scaler(case: Case, cell: Cell) -> str | None:
-    """The loss scaling a train or fit cell runs: the one its fix's recipe names for the
-    cell's dtype and mode, where it names one (None: the mode's)."""
-    if cell.stage not in (TRAIN_STAGE, FIT_STAGE):
-        return None
-    scalers = case.recipe_of(cell.fix).scalers_for(cell.dtype, cell.mode, case.manages_precision)
-    return scalers[0] if len(scalers) == 1 else None
+def cell_scaler(cell: Cell) -> str | None:
+    """The loss scaling a train or fit cell runs: its own (the scaler axis, expanded from
+    its fix's recipe); None in a forward, which scales no loss."""
+    return cell.scaler if cell.stage in TRAINING_STAGES else None
 
 
 def apply_precision(workload: Workload, ctx: RunContext, keep: tuple[str, ...] = ()) -> Workload:
