@@ -39,8 +39,8 @@ from harness.measure.running.fitting import (
 )
 from harness.measure.running.fitting import evidence as fit_evidence
 from harness.measure.running.fix_run import FixRun, context_for, run_fix_checked
-from harness.measure.running.replay import Recorded, plan_replay, replay_note
-from harness.schema.axes import CONTROL_DTYPE, EAGER, TRAIN_STAGE, Cell
+from harness.measure.running.replay import KEPT, Recorded, plan_replay, replay_note
+from harness.schema.axes import CONTROL_DTYPE, EAGER, Cell
 from harness.schema.devices import CUDA, device_kind
 from harness.schema.kernel_kinds import MATMUL
 from harness.schema.records import (
@@ -70,7 +70,7 @@ def classify(case: Case, cell: Cell, run: FixRun, record: CellRecord) -> CellRec
 def ran(case: Case, cell: Cell, run: FixRun, record: CellRecord) -> CellRecord:
     """A cell whose fix returned: its fit, or its output, judged against the reference."""
     if isinstance(run.output, FitRun):
-        return judged_fit(cell, run.output, record)
+        return judged_fit(cell, run.output, record, run.recorded)
     try:
         leaves = output_leaves(run.output)
         check_has_values(leaves)
@@ -196,7 +196,8 @@ def reference_for(
     if recorded is None:
         return reference, None
     dtype = band_dtype(cell)
-    plan = plan_replay(reference_record(piece), recorded, dtype, cell.stage == TRAIN_STAGE)
+    kept = KEPT[cell.stage]
+    plan = plan_replay(reference_record(piece), recorded, dtype, kept.kinks, kept.picks)
     if plan is None:
         return reference, None
     along = reference_along(piece, plan, dtype) if plan.draws or plan.choices else None
@@ -288,12 +289,15 @@ def structure_change(first: Leaves, again: Leaves, reference: Leaves) -> str | N
     return None
 
 
-def judged_fit(cell: Cell, run: FitRun, record: CellRecord) -> CellRecord:
+def judged_fit(
+    cell: Cell, run: FitRun, record: CellRecord, recorded: Recorded | None = None
+) -> CellRecord:
     """A fit that ran: ``passes``, or ``inaccurate`` where it stalled (its loss not finite,
-    or ending beyond the same fix's float64 fit's), with its figures; the updates it lost
-    and the steps its GradScaler skipped are said beside, as evidence."""
-    reference = reference_leaves(workpiece(cell))["loss"]
-    figures = fit_figures(run, reference)
+    or ending beyond the same fix's float64 fit's, taken again with the fit's draws where
+    they differ: ``reference_for``), with its figures; the updates it lost and the steps
+    its GradScaler skipped are said beside, as evidence."""
+    reference, replay_said = reference_for(workpiece(cell), cell, recorded)
+    figures = fit_figures(run, reference["loss"])
     said = "; ".join(t for t in (stall_reason(figures), fit_evidence(figures)) if t)
     return replace(
         record,
@@ -301,7 +305,7 @@ def judged_fit(cell: Cell, run: FitRun, record: CellRecord) -> CellRecord:
         out_dtypes=forward_dtypes(run.forward_output),
         numerics=shortfall_numerics(figures),
         fit=figures,
-    ).noted(run.note, Note(NoteKind.FIT, said) if said else None)
+    ).noted(replay_said, run.note, Note(NoteKind.FIT, said) if said else None)
 
 
 def forward_dtypes(output: object) -> tuple[str, ...]:

@@ -36,6 +36,7 @@ from harness.measure.authoring.recipes import DEFAULT_RECIPE, Recipe
 from harness.measure.authoring.recipes import adamw as adamw
 from harness.measure.precision.modes import Precision, autocast_region
 from harness.measure.running.recipe_steps import clip_gradients, scaler_policy
+from harness.measure.running.replay import seen_by_replay_alone
 from harness.measure.running.training import (
     make_grad_scaler,
     scalar_loss,
@@ -217,9 +218,9 @@ def fit(
         with untraced():
             losses.append(float(loss.detach()))
             skipped += not optimizer_step(optimizer, scaling, ledger, recipe.clip_norm)
+    with torch.no_grad(), seen_by_replay_alone(), autocast_region(precision):
+        losses.append(float(scalar_loss_value(loss_of(forward()))))
     with untraced():
-        with autocast_region(precision):
-            losses.append(float(scalar_loss_value(loss_of(forward()))))
         return FitRun(
             torch.tensor(losses, dtype=torch.float64),
             first_output,
@@ -254,11 +255,12 @@ def eps_cause(optimizer: torch.optim.Optimizer) -> str | None:
 
 @contextmanager
 def traced_if(traced: bool) -> Iterator[None]:
-    """The first step runs where the tracer sees it; the later ones out of its sight."""
+    """The first step runs where the tracer sees it; the later ones out of its sight, seen
+    by the replay's modes alone (each step's draws are the cell's to replay)."""
     if traced:
         yield
     else:
-        with _disable_current_modes():
+        with seen_by_replay_alone():
             yield
 
 

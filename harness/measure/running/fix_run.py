@@ -202,18 +202,18 @@ def run_fix_checked(
 
 
 def choice_recorder(ctx: RunContext, compiled: Any, tracer: DtypeTracer | None) -> Recorder | None:
-    """What keeps a forward's or a training step's random draws and discrete choices (its
-    elementwise kinks in a training step only), to judge it against float64 taken along
-    them (see :mod:`harness.measure.running.replay`); None for a compiled run (Inductor draws
+    """What keeps a run's random draws and discrete choices (what each stage keeps:
+    ``replay.KEPT``; a fit's in every step), to judge it against float64 taken along them
+    (see :mod:`harness.measure.running.replay`); None for a compiled run (Inductor draws
     and chooses in its own kernels) and for a forward under autocast with no tracer, which
     alone switches autocast back on around the fused layer ops a dispatch mode runs without
     it (see :mod:`harness.measure.tracing.trail`; a training step runs none: they are
     inference paths)."""
-    if compiled is not None or ctx.stage not in (FORWARD_STAGE, TRAIN_STAGE):
+    if compiled is not None or ctx.stage not in (FORWARD_STAGE, TRAIN_STAGE, FIT_STAGE):
         return None
     if ctx.stage == FORWARD_STAGE and ctx.precision.uses_autocast and tracer is None:
         return None
-    return Recorder(kinks=ctx.stage == TRAIN_STAGE, reference=ctx.precision.is_reference)
+    return Recorder.at(ctx.stage, reference=ctx.precision.is_reference)
 
 
 def step_parts(output: Any) -> tuple[Any, Any, Note | None]:

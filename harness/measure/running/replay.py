@@ -10,17 +10,17 @@ precision would otherwise count as its error:
   takes them (:class:`Replay`), cast to the dtype it asks for, in order; where the reference
   draws other shapes or another number of times, it keeps its own draws, and a note says so.
 - **Choices within rounding.** A ReLU's side, a top-k routing, an argmax, a sort, a clamp, a
-  max-pool's pick, ``where`` on a comparison, a floor: where float64's inputs to the choice
-  lie within rounding of the other outcome, which side a cell takes is below its dtype's
-  resolution, and the gradient (or, for a routing, the output) jumps by the whole
-  difference: one ReLU unit of 256 put off by a float16 step moved a T5 feed-forward's
-  ``wi`` gradient 24% from float64's, 348 times what rounding the data costs; 6 of 512 top-2
-  routings flipped at near-ties (0.09-0.51 eps apart) put bfloat16 cells 3-8 times their
-  tolerance out. Where the cell chose otherwise within the band (``KINK_WIDTH`` eps of the
-  dtype, relative to the largest magnitude of the tensor the choice was made on), the
-  reference is taken again along the cell's choices, every value in it float64's; a choice
-  further from the other outcome keeps float64's: a computation that made it otherwise is
-  judged as it is.
+  max-pool's pick, ``where`` on a comparison, a floor (in place too: a stochastic-depth
+  mask): where float64's inputs to the choice lie within rounding of the other outcome,
+  which side a cell takes is below its dtype's resolution, and the gradient (or, for a
+  routing, the output) jumps by the whole difference: one ReLU unit of 256 put off by a
+  float16 step moved a T5 feed-forward's ``wi`` gradient 24% from float64's, 348 times what
+  rounding the data costs; 6 of 512 top-2 routings flipped at near-ties (0.09-0.51 eps
+  apart) put bfloat16 cells 3-8 times their tolerance out. Where the cell chose otherwise
+  within the band (``KINK_WIDTH`` eps of the dtype, relative to the largest magnitude of the
+  tensor the choice was made on), the reference is taken again along the cell's choices,
+  every value in it float64's; a choice further from the other outcome keeps float64's: a
+  computation that made it otherwise is judged as it is.
 
 The rounding yardstick, which has chance crossings of its own, takes float64's choices within
 the same band (it measures the smooth cost of rounding) and its own float64 draws, which are
@@ -56,6 +56,22 @@ pays for a replay (one more float64 run of the model) only where a draw of its d
 float64's or a choice of its crossed within the band. ``nn.Dropout`` on the CPU draws the
 same masks in every dtype: no replay.
 
+A fit (``fitting.fit``) records its draws and its outcomes (comparisons, floors: the masks
+made of the draws) in every step and in its last loss, where the dtype tracer sees only its
+first step (``seen_by_replay_alone``); its elementwise kinks and picks are not recorded
+(``KEPT``): after its first step a fit's weights are its own, and it is judged by where its
+loss ends, not by one step's gradients. Where a draw differs or an outcome crossed, the
+float64 fit is taken again with all of the cell's draws (its outcomes within the band), and
+the fit is judged against where that ends. Measured (CPU, torch 2.13.0; the stochastic-depth
+model of ``tests/test_replay.py``, masks drawn with ``torch.rand`` in the activations' dtype,
+AdamW with an eps float16 holds, 20 steps: 63 draws): the float32 control's fit ends where
+the float64 fit along its draws ends to float32's resolution, where against float64's own
+draws it ended 16% beyond (0.2912 against 0.2515, 0.30 of its limit from the draws alone;
+other seeds 0.08 and 0.14, or below); the float16 and bfloat16 ``autocast`` and ``half``
+fits pass (bfloat16 ``autocast`` at 0.003 of its limit). The replay costs a fit one more
+float64 fit where its draws are not float64's, and memory for every step's draws (a
+dropout's masks: one activation per step).
+
 A compiled cell (``torch.compile``) is not recorded: Inductor draws its own random numbers
 in its kernels and makes its choices there, out of a dispatch mode's sight. It is judged
 against float64's own draws and choices, and where float64 drew random numbers a note says
@@ -66,15 +82,20 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._python_dispatch import (
+    _disable_current_modes,
+    _get_current_dispatch_mode_stack,
+)
 
 from harness.measure.precision.dtypes import TORCH_DTYPES
 from harness.measure.tracing.dispatch_mode import LazyDynamoMode
+from harness.schema.axes import FIT_STAGE, FORWARD_STAGE, TRAIN_STAGE
 
 #: How near the other outcome (in the dtype's eps, relative to the largest magnitude of the
 #: tensor the choice is made on) a choice is below the dtype's resolution: twice the largest
@@ -105,9 +126,13 @@ KINKS: dict[Any, tuple[str, int, Bound, Bound]] = {
     aten.clamp_max_: ("clamp", 0, None, (1, "max", None)),
 }
 #: Ops whose floating output is the choice itself: comparisons (``where``'s condition) and
-#: rounding to integers (stochastic depth's ``floor``).
-COMPARISONS = {aten.gt, aten.lt, aten.ge, aten.le}
-TO_INTEGERS = {aten.floor, aten.ceil, aten.trunc, aten.round}
+#: rounding to integers (stochastic depth's ``floor``, in place as timm writes it:
+#: ``(keep + torch.rand(...)).floor_()``).
+COMPARISONS = {aten.gt, aten.lt, aten.ge, aten.le, aten.gt_, aten.lt_, aten.ge_, aten.le_}
+TO_INTEGERS = {
+    aten.floor, aten.ceil, aten.trunc, aten.round,
+    aten.floor_, aten.ceil_, aten.trunc_, aten.round_,
+}  # fmt: skip
 #: Ops that pick indices, and how to read their picks (see ``picks_of``).
 PICKS = {
     aten.topk: "top-k",
@@ -125,6 +150,27 @@ NOT_DRAWS = {aten.rrelu_with_noise, getattr(aten, "rrelu_with_noise_", aten.rrel
 
 
 DRAW, KINK, OUTCOME, PICK = "draw", "kink", "outcome", "pick"
+
+
+@dataclass(frozen=True)
+class Kept:
+    """Which choices beyond draws and outcomes (comparisons, floors) a stage records and
+    replays: elementwise kinks, picks."""
+
+    kinks: bool
+    picks: bool
+
+
+#: What each stage records and replays: a training step every choice; a forward no
+#: elementwise kink (its output moves continuously through one); a fit, in every step,
+#: its draws and the outcomes made on them (a stochastic-depth mask's floor, a dropout
+#: mask's comparison): its trajectory leaves the cell's after the first step, and it is
+#: judged by where its loss ends, not by one step's gradients.
+KEPT = {
+    FORWARD_STAGE: Kept(kinks=False, picks=True),
+    TRAIN_STAGE: Kept(kinks=True, picks=True),
+    FIT_STAGE: Kept(kinks=False, picks=False),
+}
 #: What each op seen is to the replay (None: nothing), by op overload.
 _KINDS: dict[Any, str | None] = {}
 
@@ -428,34 +474,41 @@ def picks_near(
 
 class Recorder(LazyDynamoMode):
     """While active, keeps what every random op drew and what every discrete choice chose
-    (elementwise kinks only with ``kinks``), in order, and changes nothing: its own work runs
-    out of the sight of the modes beneath it (a dtype tracer sees the computation as it is).
-    ``reference``: the float64 reference, which keeps how far each choice was from the
-    other outcome, too."""
+    (elementwise kinks only with ``kinks``, picks only with ``picks``), in order, and
+    changes nothing: its own work runs out of the sight of the modes beneath it (a dtype
+    tracer sees the computation as it is). ``reference``: the float64 reference, which
+    keeps how far each choice was from the other outcome, too."""
 
-    def __init__(self, kinks: bool = True, reference: bool = False) -> None:
+    def __init__(self, kinks: bool = True, reference: bool = False, picks: bool = True) -> None:
         super().__init__()
         self.kinks = kinks
+        self.picks = picks
         self.reference = reference
         self.recorded = Recorded()
+
+    @classmethod
+    def at(cls, stage: str, reference: bool) -> Recorder:
+        """The recorder of a ``stage`` (see ``KEPT``)."""
+        kept = KEPT[stage]
+        return cls(kept.kinks, reference, kept.picks)
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
         kwargs = kwargs or {}
         kind = kind_of(func)
-        if kind is None or (kind == KINK and not self.kinks):
+        if kind is None or (kind == KINK and not self.kinks) or (kind == PICK and not self.picks):
             return func(*args, **kwargs)  # most ops: nothing to keep
         hook = sys.getprofile()
         sys.setprofile(None)  # the watch's profile hook has nothing to see here
         try:
             if kind == KINK:
                 return self.kink(func, args, kwargs)
+            if kind == OUTCOME:
+                return self.outcome(func, args, kwargs)
             out = func(*args, **kwargs)
             if kind == DRAW:
                 self.draw(func, out)
-            elif kind == OUTCOME:
-                self.outcome(func, args, out)
             else:
                 self.pick(func, args, kwargs, out)
             return out
@@ -476,14 +529,15 @@ class Recorder(LazyDynamoMode):
             with _disable_current_modes():
                 self.recorded.draws.append(Draw(str(func), value.detach().clone()))
 
-    def outcome(self, func: Any, args: tuple[Any, ...], out: torch.Tensor) -> None:
-        if func._schema.is_mutable:
-            return
-        with _disable_current_modes():
+    def outcome(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        with _disable_current_modes():  # before the op: an in-place one overwrites its input
             margin = outcome_margin(func, args)
-            if margin is not None:
+        out = func(*args, **kwargs)
+        if margin is not None:
+            with _disable_current_modes():
                 kept = margin if self.reference else None
                 self.recorded.choices.append(Choice(str(func), out.detach().clone(), kept))
+        return out
 
     def pick(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         with _disable_current_modes():
@@ -511,12 +565,14 @@ class Replay(LazyDynamoMode):
         choices: Sequence[Choice] | None,
         dtype: str,
         kinks: bool = True,
+        picks: bool = True,
     ) -> None:
         super().__init__()
         self.draws = list(draws) if draws is not None else None
         self.choices = list(choices) if choices is not None else None
         self.width = band(dtype)
         self.kinks = kinks
+        self.picks = picks
         self.draw_at = 0
         self.choice_at = 0
         self.draws_fit = True
@@ -548,7 +604,7 @@ class Replay(LazyDynamoMode):
             return self.kink(func, args, kwargs, found, recorded)
         if packet in COMPARISONS or packet in TO_INTEGERS:
             return self.outcome(func, args, kwargs)
-        if packet in PICKS:
+        if self.picks and packet in PICKS:
             return self.pick(func, args, kwargs)
         return func(*args, **kwargs)
 
@@ -618,16 +674,16 @@ class Replay(LazyDynamoMode):
         return torch.where(on, grad, torch.zeros((), dtype=grad.dtype, device=grad.device))
 
     def outcome(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        margin = outcome_margin(func, args)  # before the op: an in-place one overwrites its input
         out = func(*args, **kwargs)
-        margin = outcome_margin(func, args)
-        if margin is None or func._schema.is_mutable:
+        if margin is None:
             return out
         recorded = self.next_choice(func, out.shape)
         if recorded is None:
             return out
         taken = torch.where(margin <= self.width, recorded.taken.to(out), out)
         self.crossed[label(func)] += int((taken != out).sum())
-        return taken
+        return out.copy_(taken) if func._schema.is_mutable else taken
 
     def pick(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         out = func(*args, **kwargs)
@@ -701,12 +757,16 @@ class ReplayPlan:
     choices: tuple[Choice, ...] | None
     kinks: bool
     unmatched: str | None = None
+    picks: bool = True
 
 
-def plan_replay(reference: Recorded, cell: Recorded, dtype: str, kinks: bool) -> ReplayPlan | None:
+def plan_replay(
+    reference: Recorded, cell: Recorded, dtype: str, kinks: bool, picks: bool = True
+) -> ReplayPlan | None:
     """What the reference must be taken again with for ``cell``, or None where float64's
     own draws and choices are the cell's (no draw differs, no choice crossed within the
-    band): the replay is paid only by the cells that need it. What the cell drew after
+    band): the replay is paid only by the cells that need it (``kinks``, ``picks``: whether
+    the cell's stage replays those choices, see ``KEPT``). What the cell drew after
     float64's last draw is not float64's to take (see :func:`draws_unmatched`): a step whose
     gradients are not finite is taken again to say where, and draws again."""
     unmatched = draws_unmatched(reference.draws, cell.draws)
@@ -716,12 +776,13 @@ def plan_replay(reference: Recorded, cell: Recorded, dtype: str, kinks: bool) ->
     )
     crossed = crossings(reference.choices, cell.choices, dtype)
     if not (draws_differ or crossed):
-        return ReplayPlan(None, None, kinks, unmatched) if unmatched else None
+        return ReplayPlan(None, None, kinks, unmatched, picks) if unmatched else None
     return ReplayPlan(
         tuple(taken) if draws_differ else None,
         tuple(cell.choices) if cell.choices else None,
         kinks,
         unmatched,
+        picks,
     )
 
 
@@ -775,6 +836,19 @@ def replay_note(replay: Replay | None, plan: ReplayPlan) -> str | None:
 
 def run_replayed(run: Callable[[], Any], plan: ReplayPlan, dtype: str) -> tuple[Any, Replay]:
     """``run()`` under the replay of ``plan``."""
-    replay = Replay(plan.draws, plan.choices, dtype, plan.kinks)
+    replay = Replay(plan.draws, plan.choices, dtype, plan.kinks, plan.picks)
     with replay:
         return run(), replay
+
+
+@contextmanager
+def seen_by_replay_alone() -> Iterator[None]:
+    """Out of the sight of every dispatch mode but a :class:`Recorder` and a
+    :class:`Replay`: a fit's later steps and its last loss, which the dtype tracer and the
+    mode's checks do not see (the first step shows what they show), draw as its first step
+    does, and each draw is the cell's to replay."""
+    kept = [m for m in _get_current_dispatch_mode_stack() if isinstance(m, (Recorder, Replay))]
+    with _disable_current_modes(), ExitStack() as modes:
+        for mode in kept:
+            modes.enter_context(mode)
+        yield
