@@ -347,7 +347,7 @@ RECOMMEND_COLUMNS = list(dict.fromkeys([
 
 def stage_criterion(ran: Sequence[str]) -> str:
     """What a case that ran several stages adds to its criterion."""
-    first = stages.NOUN.get(ran[0], ran[0])
+    first = stages.noun(ran[0])
     return (
         f" A fix must pass at every stage that ran ({', '.join(ran)}); error and time are "
         f"compared at the {first}."
@@ -454,7 +454,7 @@ def best_of(values: pd.Series) -> str | None:
 def _reason(name: str, best: pd.Series, stats: pd.DataFrame, staged: tuple[str, ...]) -> str:
     """Why ``name`` won; ``staged``: the stages the case ran, where it ran several."""
     at_stages = f" at every stage ({', '.join(staged)})" if staged else ""
-    at_first = f" at the {stages.NOUN.get(staged[0], staged[0])}" if staged else ""
+    at_first = f" at the {stages.noun(staged[0])}" if staged else ""
     parts = [
         f"passes in all {int(best['cells'])} cells{at_stages} over {int(best['envs'])} "
         f"environment(s); median error {best['error']:.2e}{at_first}"

@@ -31,10 +31,23 @@ from harness.schema.axes import (
 )
 from harness.schema.fit_rule import where_it_ends
 from harness.schema.records import RAISES_OTHER, REPRODUCES, FitFigures, Outcome
+from harness.schema.stages import STAGE_REGISTRY
 
-#: How a sentence names each stage: what a fix passes, and the cell that failed.
-PASSED = {"forward": "inference", TRAIN_STAGE: "the train step", FIT_STAGE: "the fit"}
-NOUN = {"forward": "forward pass", TRAIN_STAGE: "train step", FIT_STAGE: "fit"}
+
+def passed_words(stage: str) -> str:
+    """How a sentence names what a fix passes at ``stage`` (``the train step``): the stage's
+    own words (:attr:`Stage.passed <harness.schema.stages.Stage.passed>`), its name for a
+    stage not registered here."""
+    known = STAGE_REGISTRY.get(stage)
+    return known.passed if known else stage
+
+
+def noun(stage: str) -> str:
+    """How a sentence names a cell of ``stage`` (``bfloat16/half train step``)."""
+    known = STAGE_REGISTRY.get(stage)
+    return known.noun if known else stage
+
+
 #: Columns a cross-stage failure lists in full; beyond them, a count.
 SHOWN_MISSES = 4
 PASSES = Outcome.PASSES.value
@@ -90,7 +103,7 @@ class StageMiss:
             self.failed_in < self.ran_in
         )
         why = f": {self.why}" if self.why else ""
-        return f"{self.column} {NOUN.get(self.stage, self.stage)} {verb}{where}{why}"
+        return f"{self.column} {noun(self.stage)} {verb}{where}{why}"
 
 
 #: What a cell of each outcome did, as a failed column's sentence says it.
@@ -104,8 +117,9 @@ MISS_VERBS = {
 def miss_verb(stage: str, outcome: str, label: str) -> str:
     """What a failed cell did (``raises``, ``stalls``), from its outcome; a cell that
     passes with a flag ``is passes[drift]``."""
+    known = STAGE_REGISTRY.get(stage)
     if outcome == Outcome.INACCURATE.value:
-        return "stalls" if stage == FIT_STAGE else "is inaccurate"
+        return known.inaccurate_verb if known else "is inaccurate"
     return MISS_VERBS.get(outcome, f"is {label}")
 
 
@@ -121,7 +135,7 @@ class StageFailure:
 
     @property
     def passed(self) -> str:
-        return "passes " + " and ".join(PASSED.get(s, s) for s in self.passes)
+        return "passes " + " and ".join(passed_words(s) for s in self.passes)
 
     @property
     def reason(self) -> str:

@@ -37,9 +37,10 @@ from harness.measure.judge.references import Baseline
 from harness.measure.running import crashes, errors, training
 from harness.measure.tracing import trail
 from harness.runner.forked import Forked, ForkedStream, run_forked
-from harness.schema.axes import FORWARD_STAGE, Cell
+from harness.schema.axes import Cell
 from harness.schema.config import Limits, TimingConfig
 from harness.schema.records import CellRecord, CrashKind, Note, NoteKind, Outcome
+from harness.schema.stages import stage_of
 
 
 def limits_for(cell: Cell, limits: Limits) -> Limits:
@@ -84,7 +85,7 @@ def warm_parent(cell: Cell, limits: Limits, threads: int, trace: bool = True) ->
     torch.set_num_threads(1)
     if trace:
         trail.warm_up()
-    if cell.stage != FORWARD_STAGE:
+    if stage_of(cell.stage).trains:
         training.warm_up()
     key = (references.workpiece(cell), cell.device)
     if key not in _SHARED:

@@ -46,13 +46,14 @@ from harness.runner.pytest_launch import (
     timing_workers,
     worker_count,
 )
-from harness.schema.axes import FIT_STAGE, SIZES, SMALL_SIZE, TIMED_SIZE, Cell, rank
+from harness.schema.axes import SIZES, SMALL_SIZE, TIMED_SIZE, Cell, rank
 from harness.schema.config import RunConfig, TimingConfig
 from harness.schema.devices import known_device
 from harness.schema.records import CellRecord, Outcome
 from harness.schema.releases import torch_release
 from harness.schema.run_files import RunPlan
 from harness.schema.selection import SelectionError, check_selection
+from harness.schema.stages import stage_of
 
 
 def discover_cases(cases_dirs: Sequence[Path]) -> list[Case]:
@@ -122,7 +123,7 @@ def batches_of(cells: Sequence[Cell], size: int) -> list[list[Cell]]:
 def batch_key(cell: Cell) -> tuple[str, str, str, str, str]:
     """Cells that may share a forked process: one case on one device at one size and
     stage (they share a reference), and for a fit one fix (judged by its own float64 fit)."""
-    fix = cell.fix if cell.stage == FIT_STAGE else ""
+    fix = cell.fix if stage_of(cell.stage).own_reference else ""
     return cell.case, cell.device, cell.size, cell.stage, fix
 
 
@@ -194,7 +195,7 @@ def needs_timing(record: CellRecord) -> bool:
     not timed (its step is the train stage's)."""
     return (
         record.outcome in execute.TIMED_OUTCOMES
-        and record.cell.stage != FIT_STAGE
+        and stage_of(record.cell.stage).timed
         and record.perf is None
         and record.timing_error is None
     )

@@ -7,12 +7,14 @@ torch); :mod:`harness.measure.precision` turns these names into torch dtypes and
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, get_args
 
 from harness.schema.devices import DEVICE_KINDS as DEVICE_KINDS  # the device axis's values
 from harness.schema.devices import INDEXED_KINDS, indexed_device
 from harness.schema.devices import DeviceKind as DeviceKind
+from harness.schema.stages import STAGE_REGISTRY, StageNames
 from harness.schema.typed import as_mapping, mismatch
 
 #: Low-precision dtypes under test, and the fp32 control (used only by mode ``fp32``).
@@ -84,9 +86,14 @@ DEFAULT_SIZES: dict[DeviceKind, tuple[SizeName, ...]] = {"cuda": SIZES, "cpu": (
 
 #: What a cell runs: ``forward``, one pass under ``no_grad`` (every case has it); ``train``,
 #: one training step with the recipe of the cell's mode (the loss and every gradient
-#: judged against a float64 step); ``fit``, a short run of steps.
+#: judged against a float64 step); ``fit``, a short run of steps. Each is a class of
+#: :mod:`harness.schema.stages`; the axis's values are the registered ones (:data:`STAGES`),
+#: the built-in first, which this type names.
 Stage = Literal["forward", "train", "fit"]
-STAGES: tuple[Stage, ...] = get_args(Stage)
+if tuple(STAGE_REGISTRY)[: len(get_args(Stage))] != get_args(Stage):
+    raise ImportError(f"the Stage type {get_args(Stage)} is not the registry's {STAGE_REGISTRY}")
+#: The registered stages' names, in the order reports show them, read from the registry.
+STAGES: Sequence[str] = StageNames()
 FORWARD_STAGE: Final = "forward"
 TRAIN_STAGE: Final = "train"
 FIT_STAGE: Final = "fit"
@@ -102,8 +109,8 @@ SCALERS: tuple[ScalerName, ...] = get_args(ScalerName)
 NO_SCALER: Final = "none"
 DYNAMIC_SCALER: Final = "dynamic"
 STATIC_SCALER: Final = "static"
-#: The stages that train, and so scale a loss.
-TRAINING_STAGES: tuple[Stage, ...] = (TRAIN_STAGE, FIT_STAGE)
+#: The stages that train, and so scale a loss (:attr:`~harness.schema.stages.Stage.trains`).
+TRAINING_STAGES: Sequence[str] = StageNames(lambda stage: stage.trains)
 #: How a row label names a scaler policy where it is not the cell's own default.
 SCALER_WORDS: dict[str, str] = {
     NO_SCALER: "no scaler",
@@ -130,7 +137,7 @@ def default_scaler(dtype: str, mode: str, stage: str) -> str:
 OWN_DEFAULT: Final = ""
 
 
-def rank(order: tuple[str, ...], value: str) -> int:
+def rank(order: Sequence[str], value: str) -> int:
     """Position of ``value`` in a preferred order; unknown values go last."""
     return order.index(value) if value in order else len(order)
 
@@ -147,7 +154,7 @@ class Axis:
     #: The ``Case`` attribute naming the values a case runs (default: ``plural``).
     declared_as: str = ""
     #: The values a case may declare; empty: any (names the cases give, like fixes).
-    vocabulary: tuple[str, ...] = ()
+    vocabulary: Sequence[str] = ()
     #: The value of records written before the axis existed; a cell id leaves it out.
     default: str | None = None
     #: The value of the float32 control, which the harness adds to every case.

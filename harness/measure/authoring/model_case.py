@@ -66,10 +66,9 @@ from harness.schema.axes import (
     CONTROL_FIX,
     CONTROL_MODE,
     DEVICE_KINDS,
-    FIT_STAGE,
     FORWARD_STAGE,
     MODEL_AXES,
-    TRAIN_STAGE,
+    TRAINING_STAGES,
     Axis,
 )
 from harness.schema.config import RunConfig
@@ -83,8 +82,9 @@ FORWARD = "*forward"
 Factory = Callable[..., Any]
 Forward = Callable[[Any, dict[str, Any]], Any]
 Loss = Callable[..., Any]
-#: The stages whose cells take a loss (a named loss means nothing to the others).
-LOSS_STAGES = (TRAIN_STAGE, FIT_STAGE)
+#: The stages whose cells take a loss (a named loss means nothing to the others): those
+#: that train (:attr:`~harness.schema.stages.Stage.trains`).
+LOSS_STAGES = TRAINING_STAGES
 
 
 class Matrix:
@@ -452,7 +452,7 @@ def every_value(axis: Axis, values: Sequence[str]) -> tuple[str, ...]:
     """``values`` asked of ``axis``, where ``all`` (a request) is every value of its
     vocabulary (``--stage all``, ``stages=("all",)``: forward, train and fit)."""
     if axis.vocabulary and any(value in axis.requests for value in values):
-        return axis.vocabulary
+        return tuple(axis.vocabulary)
     return tuple(values)
 
 

@@ -52,6 +52,7 @@ from harness.schema.records import (
     Numerics,
     Outcome,
 )
+from harness.schema.stages import stage_of
 from harness.schema.trail_records import Trail
 
 
@@ -68,15 +69,36 @@ def classify(case: Case, cell: Cell, run: FixRun, record: CellRecord) -> CellRec
 
 
 def ran(case: Case, cell: Cell, run: FixRun, record: CellRecord) -> CellRecord:
-    """A cell whose fix returned: its fit, or its output, judged against the reference."""
-    if isinstance(run.output, FitRun):
-        return judged_fit(cell, run.output, record, run.recorded)
-    try:
-        leaves = output_leaves(run.output)
-        check_has_values(leaves)
-    except TypeError as error:
-        return crashed(record, CrashKind.CONTRACT, error, case)
-    return judged(case, cell, leaves, record, run.recorded)
+    """A cell whose fix returned, judged as its stage says (:meth:`Stage.verdict
+    <harness.schema.stages.Stage.verdict>`): its output, or its fit, against the reference."""
+    verdict: CellRecord = stage_of(cell.stage).verdict(RunJudge(case, cell, run, record))
+    return verdict
+
+
+@dataclass(frozen=True)
+class RunJudge:
+    """The verdicts a stage may give a run that returned (see
+    :class:`~harness.schema.stages.StageJudge`)."""
+
+    case: Case
+    cell: Cell
+    run: FixRun
+    record: CellRecord
+
+    def outputs(self) -> CellRecord:
+        """Its output, leaf by leaf, against the reference within the yardstick."""
+        try:
+            leaves = output_leaves(self.run.output)
+            check_has_values(leaves)
+        except TypeError as error:
+            return crashed(self.record, CrashKind.CONTRACT, error, self.case)
+        return judged(self.case, self.cell, leaves, self.record, self.run.recorded)
+
+    def fit(self) -> CellRecord:
+        """Its fit, by where its loss ends beside the same fix's float64 fit."""
+        if not isinstance(self.run.output, FitRun):
+            raise TypeError(f"a {self.cell.stage} cell returned no fit to judge")
+        return judged_fit(self.cell, self.run.output, self.record, self.run.recorded)
 
 
 #: The outcomes that are a verdict on the cell's code: it raised, or ran and was judged.

@@ -43,18 +43,17 @@ from harness.measure.running.fix_run import (
     prepared_workload,
     run_fix_checked,
 )
-from harness.measure.running.replay import Recorded, Replay, ReplayPlan, run_replayed
+from harness.measure.running.replay import KEPT, Recorded, Replay, ReplayPlan, run_replayed
 from harness.measure.running.training import held_scaled
 from harness.measure.tracing.backward_sites import all_finite
 from harness.schema.axes import (
     CONTROL_DTYPE,
     CONTROL_MODE,
-    FIT_STAGE,
     FORWARD_STAGE,
-    TRAIN_STAGE,
     Cell,
 )
 from harness.schema.devices import CUDA, device_kind
+from harness.schema.stages import stage_of
 
 REFERENCE_BACKENDS = ("sdpa", "eager")
 
@@ -135,7 +134,7 @@ def workpiece(cell: Cell) -> Workpiece:
     precision differs); every other stage against the case's reference fix."""
     case = registry.get(cell.case)
     backend = cell.backend if case.reference_per_backend else reference_backend(case)
-    fix = cell.fix if cell.stage == FIT_STAGE else case.reference_fix
+    fix = cell.fix if stage_of(cell.stage).own_reference else case.reference_fix
     return Workpiece(cell.case, cell.size, backend, cell.stage, fix)
 
 
@@ -374,7 +373,7 @@ def float64_choices(piece: Workpiece, dtype: str) -> Replay | nullcontext[None]:
     takes float64's (see :mod:`harness.measure.running.replay`); its random draws are
     float64's own (a float64 run from the same seed)."""
     choices = reference_record(piece).choices
-    kinks = piece.stage == TRAIN_STAGE
+    kinks = piece.stage in KEPT and KEPT[piece.stage].kinks
     return Replay(None, choices, dtype, kinks) if choices else nullcontext()
 
 
@@ -397,7 +396,7 @@ def rounding_kinds(case: Case, device: str, stage: str) -> tuple[tuple[str, bool
     case's cells on ``device`` ask for: its dtypes in each of its modes, and the float32
     control's, with TF32 on a GPU (which may compute float32 matmuls in it); none for a
     fit, judged by the float64 fit's curve alone."""
-    if stage == FIT_STAGE:
+    if not stage_of(stage).yardsticks:
         return ()
     control = (CONTROL_DTYPE, "tf32") if device_kind(device) == CUDA else (CONTROL_DTYPE,)
     return tuple(
@@ -417,7 +416,7 @@ def kept_sets(case: Case) -> tuple[tuple[str, ...], ...]:
 def baseline_dtypes(piece: Workpiece) -> tuple[str, ...]:
     """The dtypes a case's baselines are computed in on each device: its own, and the
     float32 control's (none for a fit, judged by the float64 fit's curve alone)."""
-    if piece[3] == FIT_STAGE:
+    if not stage_of(piece[3]).yardsticks:
         return ()
     return tuple(dict.fromkeys((*registry.get(piece[0]).dtypes, CONTROL_DTYPE)))
 

@@ -69,7 +69,8 @@ from harness.measure.judge.float32_arithmetic import Float32Arithmetic, integers
 from harness.measure.precision.casting import is_kept, map_tensors
 from harness.measure.precision.dtypes import TORCH_DTYPES
 from harness.measure.running.training import INIT_SCALE
-from harness.schema.axes import MODES, TRAIN_STAGE
+from harness.schema.axes import MODES
+from harness.schema.stages import stage_of
 
 #: The dtypes whose rounding is simulated, and their unit roundoff (half an ulp at 1).
 SIMULATED_ROUNDOFF = {"float32": 2.0**-24, "tf32": 2.0**-11}
@@ -166,7 +167,7 @@ def stored_rounding(
         return Float32Arithmetic(SIMULATED_ROUNDOFF[stored_as], noise_source(STORED_NOISE_SEED))
     if activations:
         return rounding_outputs(model, dtype, keep)
-    if stage == TRAIN_STAGE:
+    if stage_of(stage).trains:
         return rounding_outputs(model, dtype, keep, values=False)
     return nullcontext()
 

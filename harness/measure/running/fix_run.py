@@ -31,19 +31,18 @@ from harness.measure.precision.modes import Precision, autocast_region
 from harness.measure.precision.outputs import output_leaves_or_none
 from harness.measure.running import fitting, training
 from harness.measure.running.errors import WorkloadFailed
-from harness.measure.running.replay import Recorded, Recorder
+from harness.measure.running.replay import KEPT, Recorded, Recorder
 from harness.measure.tracing.python_watch import PythonWatch, watch_python
 from harness.measure.tracing.tensor_marks import Names
 from harness.measure.tracing.trail import DtypeTracer, tracing
 from harness.schema.axes import (
     EAGER,
-    FIT_STAGE,
     FORWARD_STAGE,
-    TRAIN_STAGE,
     TRAINING_STAGES,
     Cell,
 )
 from harness.schema.records import Flag, Note
+from harness.schema.stages import stage_of
 from harness.schema.trail_records import Drift, Trail
 
 #: Every cell of a case builds from the same seed, so all fixes and the reference see the
@@ -106,27 +105,49 @@ def prepared_workload(case: Case, ctx: RunContext, keep: tuple[str, ...]) -> Wor
 def call_fix(
     case: Case, fix: str, workload: Workload, ctx: RunContext, compiled: Any = None
 ) -> Any:
-    """One call of a fix, with the gradient mode and autocast the cell asks for; through
-    ``compiled`` (the fix under ``torch.compile``) in a compiled cell. In a ``train`` cell
-    the call is the forward of a training step (:func:`training.train_step`), and what it
-    returns is the step's :class:`~harness.measure.running.training.TrainedStep`; in a ``fit``
-    cell it is the forward of each step of a short fit (:func:`fitting.fit`)."""
+    """One call of a fix as the cell's stage runs it (:meth:`Stage.run
+    <harness.schema.stages.Stage.run>`); through ``compiled`` (the fix under
+    ``torch.compile``) in a compiled cell. In a ``forward`` cell it is one call with the
+    gradient mode and autocast the cell asks for; in a ``train`` cell the forward of a
+    training step (:func:`training.train_step`), which returns the step's
+    :class:`~harness.measure.running.training.TrainedStep`; in a ``fit`` cell the forward of
+    each step of a short fit (:func:`fitting.fit`)."""
     func = case.fixes[fix].func if compiled is None else compiled
+    return stage_of(ctx.stage).run(FixCall(case, fix, workload, ctx, func))
 
-    def forward() -> Any:
-        return func(case, workload, ctx)
 
-    def loss_of(output: Any) -> Any:
-        return case.loss(output, workload, ctx)
+@dataclass(frozen=True)
+class FixCall:
+    """What a stage's run does with one call of a fix (the stage chooses:
+    :meth:`harness.schema.stages.Stage.run`): ``func`` is the fix, compiled or not."""
 
-    if ctx.stage in (FIT_STAGE, TRAIN_STAGE):
-        train = fitting.fit if ctx.stage == FIT_STAGE else training.train_step
-        return train(
-            forward, loss_of, workload.model, ctx.precision, case.recipe_of(fix), ctx.scaler
-        )
-    grad = torch.enable_grad() if case.needs_grad else torch.no_grad()
-    with grad, autocast_region(ctx.precision):
-        return forward()
+    case: Case
+    fix: str
+    workload: Workload
+    ctx: RunContext
+    func: Callable[..., Any]
+
+    def call(self) -> Any:
+        return self.func(self.case, self.workload, self.ctx)
+
+    def loss_of(self, output: Any) -> Any:
+        return self.case.loss(output, self.workload, self.ctx)
+
+    def forward(self) -> Any:
+        grad = torch.enable_grad() if self.case.needs_grad else torch.no_grad()
+        with grad, autocast_region(self.ctx.precision):
+            return self.call()
+
+    def train_step(self) -> Any:
+        return self.trained(training.train_step)
+
+    def fit(self) -> Any:
+        return self.trained(fitting.fit)
+
+    def trained(self, train: Callable[..., Any]) -> Any:
+        recipe = self.case.recipe_of(self.fix)
+        model, precision = self.workload.model, self.ctx.precision
+        return train(self.call, self.loss_of, model, precision, recipe, self.ctx.scaler)
 
 
 def compiled_fix(case: Case, fix: str, compile_mode: str) -> Any:
@@ -209,7 +230,7 @@ def choice_recorder(ctx: RunContext, compiled: Any, tracer: DtypeTracer | None) 
     alone switches autocast back on around the fused layer ops a dispatch mode runs without
     it (see :mod:`harness.measure.tracing.trail`; a training step runs none: they are
     inference paths)."""
-    if compiled is not None or ctx.stage not in (FORWARD_STAGE, TRAIN_STAGE, FIT_STAGE):
+    if compiled is not None or ctx.stage not in KEPT:
         return None
     if ctx.stage == FORWARD_STAGE and ctx.precision.uses_autocast and tracer is None:
         return None
