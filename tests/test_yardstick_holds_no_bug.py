@@ -242,6 +242,38 @@ def test_a_model_that_casts_itself_fails_its_reference_naming_the_dtype(
     assert set(labels(twin).values()) == {"passes"}
 
 
+class HeadInBfloat16(nn.Module):
+    """A tied head computed in bfloat16 whatever the run's dtype (``x.to(torch.bfloat16)``
+    and the tied weight ``.to(torch.bfloat16)`` in its forward), or, the twin, in the
+    activations' dtype."""
+
+    def __init__(self, hard_coded: bool) -> None:
+        super().__init__()
+        self.hard_coded = hard_coded
+        self.embed = nn.Embedding(VOCAB, WIDTH)
+        self.lin = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.lin(self.embed(ids)))
+        dtype = torch.bfloat16 if self.hard_coded else h.dtype
+        return F.linear(h.to(dtype), self.embed.weight.to(dtype)).to(h.dtype)
+
+
+def test_a_cast_to_a_fixed_dtype_is_judged_against_float64_not_against_itself(
+    clean_registry: None,
+) -> None:
+    """The float64 reference and its yardsticks keep float64 where the code casts to a
+    narrower dtype (:mod:`harness.measure.running.stays_float64`): before, they computed
+    the head in bfloat16 too, and the float32 control passed a head 2.1e4 times its
+    twin's error."""
+    ids = torch.randint(0, VOCAB, (4, 8))
+    matrix: dict[str, Any] = {"dtypes": ("bfloat16",), "modes": ("half",)}
+    bug = cells_of("head-in-bf16", lambda: (HeadInBfloat16(True), {"ids": ids}), **matrix)
+    twin = cells_of("head-follows", lambda: (HeadInBfloat16(False), {"ids": ids}), **matrix)
+    assert labels(bug)["float32/fp32"] == "inaccurate"
+    assert labels(twin) == {"bfloat16/half": "passes", "float32/fp32": "passes"}
+
+
 def test_a_model_not_finite_in_float64_fails_its_reference_naming_float64(
     clean_registry: None,
 ) -> None:

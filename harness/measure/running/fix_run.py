@@ -32,6 +32,7 @@ from harness.measure.precision.outputs import output_leaves_or_none
 from harness.measure.running import fitting, training
 from harness.measure.running.errors import WorkloadFailed
 from harness.measure.running.replay import KEPT, Recorded, Recorder
+from harness.measure.running.stays_float64 import StaysFloat64
 from harness.measure.tracing.python_watch import PythonWatch, watch_python
 from harness.measure.tracing.tensor_marks import Names
 from harness.measure.tracing.trail import DtypeTracer, tracing
@@ -202,7 +203,7 @@ def run_fix_checked(
         tracer = DtypeTracer(ctx.dtype, names, watch, root=ready.model)
     recorder = choice_recorder(ctx, compiled, tracer) if record else None
     output, error, texts = watched_call(
-        lambda: call_fix(case, fix, ready, ctx, compiled),
+        lambda: call_in_precision(case, fix, ready, ctx, compiled),
         watch if watched else None,
         tracer,
         recorder,
@@ -250,6 +251,17 @@ def step_parts(output: Any) -> tuple[Any, Any, Note | None]:
 def judged_output(output: Any) -> Any:
     """What of a run's output is compared leaf by leaf: a fit's loss curve, else the output."""
     return output.leaves if isinstance(output, fitting.FitRun) else output
+
+
+def call_in_precision(
+    case: Case, fix: str, workload: Workload, ctx: RunContext, compiled: Any = None
+) -> Any:
+    """:func:`call_fix`, in a float64 run (the reference and its yardsticks) with the casts
+    the code makes to narrower dtypes kept float64 (see
+    :mod:`harness.measure.running.stays_float64`)."""
+    stays = StaysFloat64() if ctx.precision.is_reference else nullcontext()
+    with stays:
+        return call_fix(case, fix, workload, ctx, compiled)
 
 
 def watched_call(

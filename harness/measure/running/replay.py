@@ -94,6 +94,7 @@ from torch.utils._python_dispatch import (
 )
 
 from harness.measure.precision.dtypes import TORCH_DTYPES
+from harness.measure.running.stays_float64 import StaysFloat64
 from harness.measure.tracing.dispatch_mode import LazyDynamoMode
 from harness.schema.axes import FIT_STAGE, FORWARD_STAGE, TRAIN_STAGE
 
@@ -841,13 +842,18 @@ def run_replayed(run: Callable[[], Any], plan: ReplayPlan, dtype: str) -> tuple[
         return run(), replay
 
 
+#: The dispatch modes a fit's later steps are seen by.
+SEEN_IN_EVERY_STEP = (Recorder, Replay, StaysFloat64)
+
+
 @contextmanager
 def seen_by_replay_alone() -> Iterator[None]:
-    """Out of the sight of every dispatch mode but a :class:`Recorder` and a
-    :class:`Replay`: a fit's later steps and its last loss, which the dtype tracer and the
-    mode's checks do not see (the first step shows what they show), draw as its first step
-    does, and each draw is the cell's to replay."""
-    kept = [m for m in _get_current_dispatch_mode_stack() if isinstance(m, (Recorder, Replay))]
+    """Out of the sight of every dispatch mode but a :class:`Recorder`, a :class:`Replay`
+    and a float64 run's :class:`StaysFloat64`: a fit's later steps and its last loss, which
+    the dtype tracer and the mode's checks do not see (the first step shows what they show),
+    draw as its first step does, each draw is the cell's to replay, and a float64 fit stays
+    float64 in every step."""
+    kept = [m for m in _get_current_dispatch_mode_stack() if isinstance(m, SEEN_IN_EVERY_STEP)]
     with _disable_current_modes(), ExitStack() as modes:
         for mode in kept:
             modes.enter_context(mode)
