@@ -16,7 +16,7 @@ from harness.schema.records import Outcome, outcome_label
 from zoo.training_realistic import FAMILIES
 from zoo.training_table import (
     CELLS,
-    bug_expected,
+    bug_cell_expected,
     cell_truth,
     check_cell,
     healthy_expected,
@@ -67,8 +67,7 @@ def test_healthy_model(family: str, stage: str, dtype: str, mode: str) -> None:
 
 @pytest.mark.parametrize(("family", "stage", "dtype", "mode"), PARAMS)
 def test_bug(family: str, stage: str, dtype: str, mode: str) -> None:
-    cost = cell_truth(family, dtype, mode).cost
-    reads(bug_expected(cost, stage), family, False, stage, dtype, mode)
+    reads(bug_cell_expected(family, stage, dtype, mode), family, False, stage, dtype, mode)
 
 
 def test_every_bug_costs_somewhere() -> None:
