@@ -124,6 +124,15 @@ class StageNames(Sequence[str]):
     def __contains__(self, name: object) -> bool:
         return name in self.names()
 
+    def __eq__(self, other: object) -> bool:
+        """Equal to the tuple of the names it holds now, as the tuple it stands for."""
+        if isinstance(other, StageNames):
+            return self.names() == other.names()
+        return isinstance(other, tuple) and self.names() == other
+
+    def __hash__(self) -> int:
+        return hash(self.names())
+
     def __repr__(self) -> str:
         return repr(self.names())
 
