@@ -45,12 +45,13 @@ def test_the_training_example_is_shown_as_it_is_and_prints_what_the_guide_shows(
     assert [line for line in shown if line.rstrip() not in printed] == []
     records = storage.read_records(only_run_dir(tmp_path))
     train = {
-        r.cell.fix: r for r in records if r.cell.stage == "train" and r.cell.dtype == "float16"
+        r.cell.scaler: r for r in records if r.cell.stage == "train" and r.cell.dtype == "float16"
     }
     assert outcome_label(train["none"]) == "inaccurate"
     worst = train["none"].numerics
     assert worst is not None and (worst.leaf or "").startswith("grad.aux.")
-    assert outcome_label(train["grad-scaler"]) == "passes"
+    assert outcome_label(train["dynamic"]) == "passes"
+    assert {r.cell.fix for r in records} == {"none"}
     assert {r.cell.stage for r in records} == {"forward", "train", "fit"}
 
 

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness import Case, FailureSignature, RunContext, Symptom, Upstream, Workload, fix, register
+from harness.measure.authoring.recipes import Recipe
 
 AUX_WEIGHT = 1e-4  # an auxiliary loss, weighted down as multi-task training does
 
@@ -26,7 +27,7 @@ class TwoHeads(nn.Module):
 
 
 def sgd(params: list[torch.Tensor], lr: float) -> torch.optim.Optimizer:
-    """Upstream's optimizer (a fit steps with AdamW unless a fix brings its own)."""
+    """Upstream's optimizer (a fit steps with AdamW unless the recipe names another)."""
     return torch.optim.SGD(params, lr=lr, momentum=0.9)
 
 
@@ -36,12 +37,13 @@ class Fp16SmallGradients(Case):
     title = "Guide example: float16 autocast training with no GradScaler loses small gradients"
     upstream = Upstream(repo="example/guide", file="docs/writing-a-case.md", commit="-")
     failure = FailureSignature(silent=(Symptom.BEYOND_YARDSTICK,))
-    reference_fix = "grad-scaler"
+    reference_fix = "none"
     dtypes = ("float16",)
     modes = ("autocast", "fp32")
     backends = ("eager",)
     stages = ("forward", "train", "fit")
-    fit_lr = 0.05
+    # upstream's loop: SGD, trained with a GradScaler ("dynamic") and without one ("none")
+    recipe = Recipe(sgd, lr=0.05, scalers=("dynamic", "none"))
 
     def build(self, ctx: RunContext) -> Workload:
         x, main, aux = torch.randn(64, 32), torch.randn(64, 8), torch.randn(64, 8)
@@ -53,10 +55,6 @@ class Fp16SmallGradients(Case):
         aux = F.mse_loss(output["aux"], targets["aux"].to(output["aux"].dtype))
         return main + AUX_WEIGHT * aux
 
-    @fix("none", rationale="no GradScaler: upstream's loop", grad_scaler=False, optimizer=sgd)
+    @fix("none", rationale="the two heads as upstream trains them")
     def none(self, w: Workload, ctx: RunContext) -> dict[str, torch.Tensor]:
-        return w.model(w.inputs["x"])
-
-    @fix("grad-scaler", rationale="the loss scaled up before backward", optimizer=sgd)
-    def grad_scaler(self, w: Workload, ctx: RunContext) -> dict[str, torch.Tensor]:
         return w.model(w.inputs["x"])
