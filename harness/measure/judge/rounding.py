@@ -63,6 +63,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.hooks import RemovableHandle
 
 from harness.measure.judge.float32_arithmetic import Float32Arithmetic, integers_up_to
@@ -86,9 +87,17 @@ STORED_AS = {"tf32": "float32"}
 
 
 def round_to(tensor: torch.Tensor, dtype: str, noise: torch.Generator) -> torch.Tensor:
-    """A float64 tensor's values as ``dtype`` would hold them, still in float64."""
+    """A float64 tensor's values as ``dtype`` would hold them, still in float64. The
+    rounding is the yardstick's, not the computation's: no dispatch mode of the run sees
+    it (a float64 run keeps float64 where the code casts narrower, and would undo it:
+    :mod:`harness.measure.running.stays_float64`; a replay would count its draws)."""
     if not tensor.is_floating_point():
         return tensor
+    with _disable_current_modes():
+        return rounded_in_float64(tensor, dtype, noise)
+
+
+def rounded_in_float64(tensor: torch.Tensor, dtype: str, noise: torch.Generator) -> torch.Tensor:
     if dtype in SIMULATED_ROUNDOFF:
         relative = torch.rand(tensor.shape, generator=noise, dtype=torch.float64) * 2 - 1
         moved = tensor * (1 + SIMULATED_ROUNDOFF[dtype] * relative.to(tensor.device))
