@@ -253,9 +253,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     from harness.measure.authoring.model_targets import case_name
     from harness.runner.matrix import expand
+    from harness.schema.selection import Selection
 
     case = spec.case(case_name(metafunc.function.__name__), str(metafunc.definition.path))
-    plan = expand([case])
+    plan = expand([case], Selection(stages=case.stages))  # a fit only runs where asked for
     cells = [*plan.to_run, *(cell for cell, _ in plan.skipped)]
     reasons = dict(plan.skipped)
     params = [

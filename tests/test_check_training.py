@@ -203,3 +203,21 @@ def test_forward_only():
         ["*ModelCheckError: the loss <lambda> is taken by a training step, and no stage trains*"]
     )
     assert result.ret != 0
+
+
+def test_check_model_runs_the_fit_cells_it_asks_for(pytester: pytest.Pytester) -> None:
+    """A fit runs only where asked for: ``stages=("train", "fit")`` collects a fit cell per
+    dtype and mode beside the train cells (before, the fit cells were left out)."""
+    pytester.makepyfile(
+        test_fit="""
+import torch
+from harness import check_model
+
+@check_model(modes=("half",), dtypes=("bfloat16",), stages=("train", "fit"))
+def test_fits():
+    return torch.nn.Linear(8, 8), {"input": torch.randn(4, 8)}
+"""
+    )
+    result = pytester.runpytest_subprocess(*PLUGIN_ARGS, "-p", "no:cacheprovider", "--co", "-q")
+    collected = result.stdout.str()
+    assert "bfloat16-half-fit" in collected and "bfloat16-half-train" in collected, collected
