@@ -466,7 +466,9 @@ def verdicts(session: nox.Session) -> None:
     """Calibration of the tolerance rule: the zoo, twelve more real architectures and
     silent precision bugs with their healthy twins, each cell's error over the error of
     rounding its data; fails if a cell is misjudged (`-- --device cuda` on a GPU). Then the
-    fit stage's limits: healthy and broken fits side by side, on the CPU (bench_fit.py)."""
+    fit stage's limits: healthy and broken fits side by side, on the CPU (bench_fit.py); and
+    the training families, each healthy model beside its buggy twin and their truth
+    (bench_training.py)."""
     version = default_version()
     if version not in ZOO_FOR_TORCH:
         session.error(
@@ -475,6 +477,7 @@ def verdicts(session: nox.Session) -> None:
     install_with_torch(session, version, "-e", ".[test]", *ZOO_FOR_TORCH[version])
     session.run("python", "benchmarks/bench_verdicts.py", "--markdown", *session.posargs)
     session.run("python", "benchmarks/bench_fit.py", "--markdown")
+    session.run("python", "benchmarks/bench_training.py", "--markdown")
 
 
 @nox.session(python=PYTHON)

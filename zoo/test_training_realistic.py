@@ -12,7 +12,6 @@ import math
 
 import pytest
 
-from harness.schema.records import Outcome, outcome_label
 from zoo.training_realistic import FAMILIES
 from zoo.training_table import (
     CELLS,
@@ -20,6 +19,7 @@ from zoo.training_table import (
     cell_truth,
     check_cell,
     healthy_expected,
+    misjudged,
     unexpressible,
     verdict_text,
 )
@@ -34,9 +34,8 @@ PARAMS = [
 
 
 def reads(expected: str, family: str, healthy: bool, stage: str, dtype: str, mode: str) -> None:
-    """The cell's verdict is the one ``expected`` asks for (``passes``: a plain pass, as
-    the pytest plugin asks of a model; ``not passes``: inaccurate, or raises; ``any
-    verdict``: passes or inaccurate; a crash is never a verdict)."""
+    """The cell's verdict is the one ``expected`` asks for (see
+    :func:`zoo.training_table.misjudged`)."""
     record = check_cell(family, healthy, stage, dtype, mode)
     truth = cell_truth(family, dtype, mode)
     said = (
@@ -44,17 +43,8 @@ def reads(expected: str, family: str, healthy: bool, stage: str, dtype: str, mod
         f"truth: healthy {truth.healthy:.3g}, bug {truth.bug:.3g}, the bug's cost "
         f"{truth.cost:.3g}x at {truth.leaf}"
     )
-    plain_pass = record.outcome is Outcome.PASSES and not record.flags
-    if expected == "passes":
-        assert plain_pass, f"expected passes: {said}"
-    elif expected == "not passes":
-        assert record.outcome in (Outcome.INACCURATE, Outcome.RAISES), (
-            f"expected not passes: {said}"
-        )
-    else:
-        assert record.outcome in (Outcome.PASSES, Outcome.INACCURATE), (
-            f"expected a verdict ({outcome_label(record)}): {said}"
-        )
+    why = misjudged(expected, record)
+    assert why is None, f"{why}: {said}"
 
 
 @pytest.mark.parametrize(("family", "stage", "dtype", "mode"), PARAMS)

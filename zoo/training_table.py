@@ -191,6 +191,19 @@ def healthy_expected(family: str, dtype: str) -> str:
     return "passes"
 
 
+def misjudged(expected: str, record: CellRecord) -> str | None:
+    """Why the cell's verdict is not the one ``expected`` asks for, or None (``passes``: a
+    plain pass, as the pytest plugin asks of a model; ``not passes``: inaccurate, or
+    raises; ``any verdict``: passes or inaccurate; a crash is never a verdict)."""
+    if expected == "passes":
+        right = record.outcome is Outcome.PASSES and not record.flags
+    elif expected == "not passes":
+        right = record.outcome in (Outcome.INACCURATE, Outcome.RAISES)
+    else:
+        right = record.outcome in (Outcome.PASSES, Outcome.INACCURATE)
+    return None if right else f"must read {expected}, reads {outcome_label(record)}"
+
+
 def rows(family: str) -> list[str]:
     spec, lines = FAMILIES[family], []
     for stage in spec.stages:
