@@ -275,8 +275,18 @@ def cell_id(cell: Cell, cells: Sequence[Cell]) -> str:
     from harness.schema.axes import axes_of
 
     names = [axis.name for axis in axes_of(type(cell))]
-    varying = [name for name in names if len({getattr(c, name) for c in cells}) > 1]
-    return "-".join(getattr(cell, name) for name in varying or ("dtype", "mode"))
+    varying = [name for name in names if len({id_part(c, name) for c in cells}) > 1]
+    parts = (id_part(cell, name) for name in varying or ("dtype", "mode"))
+    return "-".join(part for part in parts if part)
+
+
+def id_part(cell: Cell, name: str) -> str:
+    """A cell's value of an axis in its test id; a scaler only where it is not the mode's
+    (``float16-autocast-train-none``: trained without the mode's GradScaler), so the ids of
+    a model trained as its modes do are those written before the scaler was an axis."""
+    if name == "scaler" and cell.scaler == cell.default_scaler:
+        return ""
+    return str(getattr(cell, name))
 
 
 def run_model_cell(spec: ModelTest, cell: Cell, state: SessionState) -> None:

@@ -12,8 +12,11 @@ floating dtype is copied in float64 instead: the reference is the computation th
 carried out in float64, and a yardstick measures what representing the data costs, never the
 cast under test. The cells themselves run the casts as written.
 
-Only casts of float64 tensors are kept: a tensor the code made in a fixed dtype (a factory
-with ``dtype=torch.float32``) stays what it was made, and integers are never touched.
+Every cast to a narrower floating dtype is taken to float64, whatever it casts from: HF's
+rotary embedding multiplies ``inv_freq.float()`` (a float64 buffer in the reference) by
+``position_ids.float()`` (integers), and the two must meet in one dtype. A tensor the code
+makes in a fixed dtype (a factory with ``dtype=torch.float32``) stays what it was made, and
+nothing is cast to an integer dtype.
 """
 
 from __future__ import annotations
@@ -31,9 +34,8 @@ aten = torch.ops.aten
 
 
 class StaysFloat64(LazyDynamoMode):
-    """While active, ``x.to(narrower)`` of a float64 ``x`` (``.float()``, ``.half()``,
-    ``.to(torch.bfloat16)``, ``.type_as(y)``: all ``aten._to_copy``) gives a float64 copy;
-    ``casts`` counts them."""
+    """While active, ``x.to(narrower)`` (``.float()``, ``.half()``, ``.to(torch.bfloat16)``,
+    ``.type_as(y)``: all ``aten._to_copy``) gives a float64 copy; ``casts`` counts them."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -43,11 +45,7 @@ class StaysFloat64(LazyDynamoMode):
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
         kwargs = dict(kwargs or {})
-        if func is aten._to_copy.default and narrows_float64(args[0], kwargs.get("dtype")):
+        if func is aten._to_copy.default and kwargs.get("dtype") in NARROWER:
             kwargs["dtype"] = torch.float64
             self.casts += 1
         return func(*args, **kwargs)
-
-
-def narrows_float64(tensor: Any, dtype: torch.dtype | None) -> bool:
-    return isinstance(tensor, torch.Tensor) and tensor.dtype == torch.float64 and dtype in NARROWER
