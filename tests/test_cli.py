@@ -167,7 +167,7 @@ class EveryStage(Case):
     title = "Declares forward, train and fit"
     upstream = Upstream(repo="example/every", file="every.py", commit="-")
     failure = FailureSignature("RuntimeError", "never")
-    stages = STAGES
+    stages = tuple(STAGES)
 
 
 def help_of(command: str, capsys: pytest.CaptureFixture[str]) -> str:

@@ -87,7 +87,12 @@ def test_the_columns_build_no_record_per_cell(
     runs.load_rows(run_dir)
     built: list[Any] = []
     original = CellRecord.from_dict
-    monkeypatch.setattr(CellRecord, "from_dict", lambda data: built.append(data) or original(data))
+
+    def counted(data: Any) -> CellRecord:
+        built.append(data)
+        return original(data)
+
+    monkeypatch.setattr(CellRecord, "from_dict", counted)
     assert runs.load_rows(run_dir).rows
     assert built == []
 

@@ -32,7 +32,7 @@ from harness.measure.judge.rounding import counts_beyond, noise_source, round_gr
 from harness.measure.tracing.backward_sites import all_finite
 from harness.runner.matrix import expand
 from harness.schema.axes import FORWARD_STAGE, TRAIN_STAGE
-from harness.schema.records import CellRecord, CrashKind, Outcome, outcome_label
+from harness.schema.records import CellRecord, CrashKind, outcome_label
 
 WIDTH = 32
 

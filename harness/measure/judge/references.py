@@ -59,6 +59,7 @@ REFERENCE_BACKENDS = ("sdpa", "eager")
 
 Leaves = dict[str, torch.Tensor]
 
+
 class Workpiece(NamedTuple):
     """What a reference and its yardsticks belong to: a case at one workload size with the
     backend its reference runs on (the case's reference backend, or the cell's own where
