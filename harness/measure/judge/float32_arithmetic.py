@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from harness.measure.tracing.dispatch_mode import LazyDynamoMode
 
 #: Ops whose result float32 holds exactly, given inputs it holds: they move, select,
 #: compare or copy values, and round nothing.
@@ -130,7 +131,7 @@ def integers_up_to(tensor: torch.Tensor, largest: float) -> torch.Tensor:
     return (tensor == tensor.round()) & (tensor.abs() <= largest)
 
 
-class Float32Arithmetic(TorchDispatchMode):
+class Float32Arithmetic(LazyDynamoMode):
     """While active, the result of every op that rounds (:func:`rounds`) is moved by a
     random relative amount of at most ``roundoff * sqrt(K)`` (``K`` the terms it sums into
     each result, :func:`accumulated_terms`), drawn from ``noise``; integers float32 holds
