@@ -264,6 +264,7 @@ def test_every_dispatch_mode_of_the_harness_leaves_dynamo_unimported() -> None:
 
 def all_subclasses(cls: type) -> list[type]:
     found: list[type] = []
-    for sub in cls.__subclasses__():
+    subclasses: list[type] = type.__subclasses__(cls)
+    for sub in subclasses:
         found += [sub, *all_subclasses(sub)]
     return found
