@@ -32,7 +32,7 @@ from harness.measure.running.fitting import (
 )
 from harness.results import storage
 from harness.schema.axes import Cell
-from harness.schema.records import CellRecord, FitFigures, Outcome
+from harness.schema.records import CellRecord, FitFigures, NoteKind, Outcome
 from tests.conftest import FIXTURES, only_run_dir
 
 CPU = torch.device("cpu")
@@ -199,6 +199,18 @@ def test_check_stage_fit_records_each_cells_fit(tmp_path: Path) -> None:
         assert len(record.fit.reference_losses) == 4
     scaled = next(r for r in fits if r.cell.mode == "autocast")
     assert scaled.fit is not None and scaled.fit.final_scale is not None
+
+
+def test_a_fit_not_finite_from_its_first_step_says_why_once(tmp_path: Path) -> None:
+    """float16 half weights under the default AdamW (eps 1e-8 is 0 in float16): one note
+    naming the cause, where the record said it twice and then a third time in part."""
+    result = check(tmp_path, "--fit-steps", "3", "--mode", "half")
+    assert result.returncode == 0, result.stderr
+    records = storage.read_records(only_run_dir(tmp_path))
+    (fit,) = [r for r in records if r.cell.stage == "fit" and r.cell.mode == "half"]
+    assert fit.outcome is Outcome.INACCURATE
+    (note,) = [n.text for n in fit.notes if n.kind is NoteKind.FIT]
+    assert note.startswith("the fit's loss is not finite from step 1: AdamW's eps (1e-08)")
 
 
 def test_check_refuses_zero_fit_steps_in_one_line(tmp_path: Path) -> None:

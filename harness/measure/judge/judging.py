@@ -327,7 +327,16 @@ def judged_fit(
         out_dtypes=forward_dtypes(run.forward_output),
         numerics=shortfall_numerics(figures),
         fit=figures,
-    ).noted(replay_said, run.note, Note(NoteKind.FIT, said) if said else None)
+    ).noted(replay_said, new_fit_note(record, said))
+
+
+def new_fit_note(record: CellRecord, said: str) -> Note | None:
+    """What the fit's verdict says, unless a note of the record says it already (the run's
+    own note, which :func:`classify` has put on it: ``the fit's loss is not finite from
+    step 1: AdamW's eps ...`` holds ``the fit's loss is not finite from step 1``)."""
+    if not said or any(said in note.text for note in record.notes):
+        return None
+    return Note(NoteKind.FIT, said)
 
 
 def forward_dtypes(output: object) -> tuple[str, ...]:
