@@ -174,6 +174,9 @@ def test_a_static_scale_that_overflows_skips_the_fits_steps_and_never_moves() ->
               Recipe(sgd, 1e-3, static_scale=2.0**40), scaler="static", steps=3)  # fmt: skip
     assert (run.skipped_steps, run.final_scale) == (3, 2.0**40)
     assert run.losses[0] == run.losses[-1]
+    assert run.note is not None and run.note.text.startswith(
+        "the static loss scale (1.09951e+12) skipped 3 of 3 step(s) of the fit"
+    )
 
 
 def test_a_fit_runs_its_recipes_optimizer_and_clip() -> None:

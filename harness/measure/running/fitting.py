@@ -83,6 +83,8 @@ class FitRun:
     #: What in the recipe makes the fit fail in this dtype whatever the model (an Adam
     #: ``eps`` that is 0 in it), or None: said where the loss is not finite.
     cause: str | None = None
+    #: What skipped the steps it skipped: a ``GradScaler``, or a recipe's static loss scale.
+    skipper: str = "GradScaler"
 
     @property
     def leaves(self) -> dict[str, torch.Tensor]:
@@ -101,7 +103,7 @@ class FitRun:
             return None
         return Note(
             NoteKind.SCALER,
-            f"GradScaler skipped {self.skipped_steps} of {self.steps} step(s) of the fit "
+            f"{self.skipper} skipped {self.skipped_steps} of {self.steps} step(s) of the fit "
             f"(gradients not finite); its scale ended at {self.final_scale:g}",
         )
 
@@ -228,6 +230,7 @@ def fit(
             scaling.get_scale() if scaling is not None else None,
             ledger.lost_share(),
             eps_cause(optimizer),
+            skipper_of(scaling),
         )
 
 
@@ -272,6 +275,13 @@ def loss_scaler(policy: str, precision: Precision, recipe: Recipe) -> Any:
     if policy == STATIC_SCALER:
         return FixedScaler(recipe.static_scale)
     return None
+
+
+def skipper_of(scaling: Any) -> str:
+    """How a fit's note names what skipped its steps."""
+    if isinstance(scaling, FixedScaler):
+        return f"the static loss scale ({scaling.scale_value:g})"
+    return "GradScaler"
 
 
 class FixedScaler:
