@@ -13,13 +13,14 @@ import torch
 
 from harness.measure.authoring.losses import TrainingError, default_loss
 from harness.measure.precision.modes import Precision
+from harness.measure.running.recipe_steps import scaler_policy
 from harness.measure.running.training import (
     scalar_loss,
     train_step,
     trainable_parameters,
-    uses_grad_scaler,
 )
 from harness.results import storage
+from harness.schema.axes import DYNAMIC_SCALER, NO_SCALER
 from harness.schema.records import CellRecord, NoteKind, Outcome
 from tests.conftest import ROOT, harness, only_run_dir
 
@@ -79,10 +80,11 @@ def test_its_fixes_train_and_every_gradient_is_judged(
 
 def test_a_float16_autocast_step_trains_with_a_grad_scaler() -> None:
     cpu = torch.device("cpu")
-    assert uses_grad_scaler(Precision(cpu, torch.float16, "autocast"))
-    assert not uses_grad_scaler(Precision(cpu, torch.bfloat16, "autocast"))
-    assert not uses_grad_scaler(Precision(cpu, torch.float16, "half"))
-    assert not uses_grad_scaler(Precision(cpu, torch.float16, "half-autocast"))
+    assert scaler_policy(Precision(cpu, torch.float16, "autocast"), None) == DYNAMIC_SCALER
+    assert scaler_policy(Precision(cpu, torch.bfloat16, "autocast"), None) == NO_SCALER
+    assert scaler_policy(Precision(cpu, torch.float16, "half"), None) == NO_SCALER
+    assert scaler_policy(Precision(cpu, torch.float16, "half-autocast"), None) == NO_SCALER
+    assert scaler_policy(Precision(cpu, torch.float64, "half"), None) == NO_SCALER
 
 
 def test_a_scaler_that_skips_steps_says_so_and_the_step_runs_at_a_smaller_scale() -> None:

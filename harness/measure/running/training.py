@@ -116,19 +116,6 @@ def warm_up() -> None:
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
 
 
-def uses_grad_scaler(precision: Precision) -> bool:
-    """float16 under autocast with float32 weights trains with a GradScaler (the AMP
-    recipe); bfloat16 and the half modes without (a GradScaler refuses to unscale float16
-    gradients: half weights train unscaled, as Lightning's ``16-true`` does)."""
-    return (
-        precision.uses_autocast
-        and not precision.casts_model
-        and not precision.is_reference
-        and precision.dtype == torch.float16
-        and not precision.managed_by_case
-    )
-
-
 def grad_scaler_skip_reason(device: str) -> str | None:
     """Why the AMP recipe cannot run here, or None: ``torch.amp.GradScaler`` (torch 2.3+)
     is what scales on a CPU; before it only CUDA had one (``torch.cuda.amp``)."""
