@@ -38,9 +38,9 @@ from harness.measure.precision.modes import Precision, autocast_region
 from harness.measure.running.recipe_steps import clip_gradients, scaler_policy
 from harness.measure.running.replay import seen_by_replay_alone
 from harness.measure.running.training import (
+    forward_and_loss,
     make_grad_scaler,
     scalar_loss,
-    step_loss,
     trainable_parameters,
 )
 from harness.measure.tracing.backward_sites import all_finite
@@ -212,8 +212,9 @@ def fit(
     for step in range(steps):
         traced = step == 0
         with traced_if(traced):
-            optimizer.zero_grad(set_to_none=True)
-            output, loss = forward_loss(forward, loss_of, precision, recipe.accumulation)
+            output, loss = forward_and_loss(
+                forward, loss_of, params, precision, recipe.accumulation
+            )
             backward(loss, scaling)
         if traced:
             first_output = output
@@ -313,13 +314,6 @@ class FixedScaler:
 
     def get_scale(self) -> float:
         return self.scale_value
-
-
-def forward_loss(
-    forward: Callable[[], Any], loss_of: Callable[[Any], Any], precision: Precision, micro: int = 1
-) -> tuple[Any, torch.Tensor]:
-    with torch.enable_grad(), autocast_region(precision):
-        return step_loss(forward, loss_of, micro)
 
 
 def backward(loss: torch.Tensor, scaler: Any) -> None:
