@@ -153,13 +153,14 @@ def reference_leaves(piece: Workpiece) -> Leaves:
     return _REFERENCES[piece]
 
 
-def float64_run(piece: Workpiece, workload: Workload | None = None) -> FixRun:
+def float64_run(piece: Workpiece, workload: Workload | None = None, record: bool = True) -> FixRun:
     """The workpiece's fix run plainly in float64 on the CPU (raises ``WorkloadFailed``
     where its workload cannot be built), on ``workload`` where given (its float64
-    workload, prepared: :func:`float64_workload`)."""
+    workload, prepared: :func:`float64_workload`); ``record``: keep what it drew and
+    chose (a replayed run needs none)."""
     case = registry.get(piece.case)
     ctx = context_for(case, float64_cell(case, piece))
-    return run_fix_checked(case, piece.fix, ctx, trace=False, workload=workload)
+    return run_fix_checked(case, piece.fix, ctx, trace=False, workload=workload, record=record)
 
 
 def float64_cell(case: Case, piece: Workpiece) -> Cell:
@@ -253,18 +254,9 @@ def reference_along(
     replay (what it moved); None where the run turned out not to draw or choose as the
     cell did (another op or shape at some place). Its workload is built before the replay
     starts: what building it draws is its own."""
-    case = registry.get(piece.case)
-    cell = plain_cell(case, "float64", piece.size, "cpu", piece.backend, piece.stage, piece.fix)
-    ctx = context_for(case, cell)
     try:
-        workload = prepared_workload(case, ctx, case.kept_by(piece.fix))
-        run, replay = run_replayed(
-            lambda: run_fix_checked(
-                case, piece.fix, ctx, trace=False, workload=workload, record=False
-            ),
-            plan,
-            dtype,
-        )
+        workload = float64_workload(piece)
+        run, replay = run_replayed(lambda: float64_run(piece, workload, record=False), plan, dtype)
     except WorkloadFailed:
         return None
     if run.error is not None or not replay.fits:
