@@ -223,10 +223,7 @@ def reference_for(
     if plan is None:
         return reference, None
     along = reference_along(piece, plan, dtype) if plan.draws or plan.choices else None
-    if along is None:
-        text = replay_note(None, plan)
-        return reference, Note(NoteKind.REPLAYED, text) if text else None
-    leaves, replay = along
+    leaves, replay = along if along is not None else (reference, None)
     text = replay_note(replay, plan)
     return leaves, Note(NoteKind.REPLAYED, text) if text else None
 
@@ -320,10 +317,11 @@ def judged_fit(
     its GradScaler skipped are said beside, as evidence."""
     reference, replay_said = reference_for(workpiece(cell), cell, recorded)
     figures = fit_figures(run, reference["loss"])
-    said = "; ".join(t for t in (stall_reason(figures), fit_evidence(figures)) if t)
+    stalled = stall_reason(figures)
+    said = "; ".join(t for t in (stalled, fit_evidence(figures)) if t)
     return replace(
         record,
-        outcome=Outcome.INACCURATE if stall_reason(figures) else Outcome.PASSES,
+        outcome=Outcome.INACCURATE if stalled else Outcome.PASSES,
         out_dtypes=forward_dtypes(run.forward_output),
         numerics=shortfall_numerics(figures),
         fit=figures,
