@@ -69,6 +69,7 @@ from torch.utils.hooks import RemovableHandle
 from harness.measure.judge.float32_arithmetic import Float32Arithmetic, integers_up_to
 from harness.measure.precision.casting import is_kept, map_tensors
 from harness.measure.precision.dtypes import TORCH_DTYPES
+from harness.measure.running.replay import dtype_eps
 from harness.measure.running.training import INIT_SCALE
 from harness.schema.axes import MODES
 from harness.schema.stages import stage_of
@@ -79,8 +80,6 @@ SIMULATED_ROUNDOFF = {"float32": 2.0**-24, "tf32": 2.0**-11}
 NOISE_SEED = 20261123
 #: The stored activations' noise has a seed of its own (not a replay of the weights').
 STORED_NOISE_SEED = NOISE_SEED + 1
-#: The machine epsilon of the simulated roundings, whose integers up to ``2 / eps`` are exact.
-SIMULATED_EPS = {name: 2 * roundoff for name, roundoff in SIMULATED_ROUNDOFF.items()}
 #: What a model stores its activations in, where that is not the dtype its data are rounded
 #: to: TF32 is how a GPU multiplies float32 matrices, their results are float32.
 STORED_AS = {"tf32": "float32"}
@@ -108,8 +107,7 @@ def rounded_in_float64(tensor: torch.Tensor, dtype: str, noise: torch.Generator)
 def largest_exact_integer(dtype: str) -> float:
     """From 0 to this, ``dtype`` holds every integer: ``2 / eps`` (2048 in float16, 256 in
     bfloat16, 2**24 in float32)."""
-    eps = SIMULATED_EPS.get(dtype) or torch.finfo(TORCH_DTYPES[dtype]).eps
-    return 2.0 / eps
+    return 2.0 / dtype_eps(dtype)
 
 
 def counts_beyond(tensor: torch.Tensor, dtype: str) -> bool:
