@@ -35,7 +35,7 @@ from harness.measure.authoring.losses import TrainingError
 from harness.measure.authoring.recipes import DEFAULT_RECIPE, Recipe
 from harness.measure.authoring.recipes import adamw as adamw
 from harness.measure.precision.modes import Precision, autocast_region
-from harness.measure.running.recipe_steps import clip_gradients, scaler_policy
+from harness.measure.running.recipe_steps import clip_gradients, scaler_policy, unscale_in_place
 from harness.measure.running.replay import seen_by_replay_alone
 from harness.measure.running.training import (
     forward_and_loss,
@@ -300,9 +300,7 @@ class FixedScaler:
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         grads = [p.grad for group in optimizer.param_groups for p in group["params"]]
-        for grad in grads:
-            if grad is not None:
-                grad.div_(self.scale_value)
+        unscale_in_place(grads, self.scale_value)
         self.finite = all_finite(g for g in grads if g is not None)
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:

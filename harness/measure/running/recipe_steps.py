@@ -34,9 +34,14 @@ def static_backward(loss: torch.Tensor, params: Iterable[torch.Tensor], scale: f
     weights, which a GradScaler refuses to unscale, is unscaled as well). Gradients that
     overflowed at the scale stay not finite: a static scaler does not retry."""
     (loss * scale).backward(retain_graph=True)
-    for param in params:
-        if param.grad is not None:
-            param.grad.div_(scale)
+    unscale_in_place([p.grad for p in params], scale)
+
+
+def unscale_in_place(grads: Iterable[torch.Tensor | None], scale: float) -> None:
+    """Gradients made at a fixed loss ``scale`` divided back in place, in their own dtype."""
+    for grad in grads:
+        if grad is not None:
+            grad.div_(scale)
 
 
 def clip_gradients(grads: Iterable[torch.Tensor], max_norm: float) -> None:
