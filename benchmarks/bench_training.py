@@ -49,25 +49,22 @@ from zoo.training_table import (  # noqa: E402
     healthy_expected,
     misjudged,
     twin_name,
-    unexpressible,
 )
 from zoo.training_table import shown as cost_text  # noqa: E402
 
 
 @dataclass(frozen=True)
 class Row:
-    """One twin's cell: its record (None where no recipe the harness has can train it),
-    its truth and what it must read."""
+    """One twin's cell: its record, its truth and what it must read."""
 
     family: str
     healthy: bool
     stage: str
     dtype: str
     mode: str
-    record: CellRecord | None
+    record: CellRecord
     truth: CellTruth
     expected: str
-    skipped: str | None = None
 
     @property
     def where(self) -> str:
@@ -80,7 +77,7 @@ class Row:
     @property
     def ratio(self) -> float | None:
         """The cell's error over its tolerance, where the verdict was decided by them."""
-        if self.record is None or self.record.numerics is None:
+        if self.record.numerics is None:
             return None
         if self.record.outcome not in (Outcome.PASSES, Outcome.INACCURATE):
             return None
@@ -91,7 +88,7 @@ class Row:
 
     @property
     def verdict(self) -> str:
-        return "skipped" if self.record is None else outcome_label(self.record)
+        return outcome_label(self.record)
 
     @property
     def truth_text(self) -> str:
@@ -103,7 +100,7 @@ class Row:
 
     @property
     def misjudged(self) -> str | None:
-        return None if self.record is None else misjudged(self.expected, self.record)
+        return misjudged(self.expected, self.record)
 
 
 def family_rows(family: str) -> Iterator[Row]:
@@ -111,10 +108,9 @@ def family_rows(family: str) -> Iterator[Row]:
     for stage in FAMILIES[family].stages:
         for dtype, mode in CELLS:
             truth = cell_truth(family, dtype, mode)
-            why = unexpressible(family, dtype, mode)
-            healthy = None if why else check_cell(family, True, stage, dtype, mode)
-            yield Row(family, True, stage, dtype, mode, healthy, truth,
-                      healthy_expected(family, dtype), why)  # fmt: skip
+            yield Row(family, True, stage, dtype, mode,
+                      check_cell(family, True, stage, dtype, mode), truth,
+                      healthy_expected(family, dtype))  # fmt: skip
             yield Row(family, False, stage, dtype, mode,
                       check_cell(family, False, stage, dtype, mode), truth,
                       bug_cell_expected(family, stage, dtype, mode))  # fmt: skip
@@ -127,7 +123,7 @@ def shown(value: float | None) -> str:
 
 
 def print_row(row: Row) -> None:
-    after = "  MISJUDGED" if row.misjudged else f"  ({row.skipped})" if row.skipped else ""
+    after = "  MISJUDGED" if row.misjudged else ""
     print(f"{row.family:26} {row.twin:7} {row.stage:5} {row.where:17} {shown(row.ratio):>7}  "
           f"{row.verdict:24} {row.truth_text:48} {row.expected:11}{after}")  # fmt: skip
     sys.stdout.flush()
@@ -154,8 +150,6 @@ def print_markdown(rows: list[Row]) -> None:
 
 
 def markdown_cell(row: Row) -> str:
-    if row.record is None:
-        return "-"
     text = shown(row.ratio)
     if row.verdict != "passes":
         text += f" ({row.verdict})"
@@ -230,10 +224,9 @@ def main() -> int:
     wrong = [r for r in rows if r.misjudged]
     for row in wrong:
         print(f"MISJUDGED {row.family} {row.twin} {row.stage} {row.where}: {row.misjudged}")
-    judged = [r for r in rows if r.record is not None]
-    print(f"{len(judged)} cells of {len(families)} families on the CPU ({len(rows) - len(judged)} "
-          f"no recipe can train), torch {torch.__version__}, in "
-          f"{time.perf_counter() - started:.0f} s; {len(wrong)} misjudged")  # fmt: skip
+    print(f"{len(rows)} cells of {len(families)} families on the CPU, torch "
+          f"{torch.__version__}, in {time.perf_counter() - started:.0f} s; "
+          f"{len(wrong)} misjudged")  # fmt: skip
     return 1 if wrong else 0
 
 

@@ -105,7 +105,8 @@ def test_a_malformed_recipe_is_one_line(given: dict[str, Any], named: str) -> No
 
 def test_the_modes_scaler_and_the_controls() -> None:
     assert mode_scaler("float16", "autocast") == "dynamic"
-    assert mode_scaler("bfloat16", "autocast") == mode_scaler("float16", "half") == "none"
+    assert mode_scaler("float16", "half") == mode_scaler("float16", "half-autocast") == "dynamic"
+    assert mode_scaler("bfloat16", "autocast") == mode_scaler("float32", "fp32") == "none"
     both = Recipe(scalers=("none", "dynamic"))
     assert both.scalers_for("float16", "autocast") == ("none", "dynamic")
     assert both.scalers_for("float32", "fp32") == ("none",)  # the control is plain
@@ -148,23 +149,38 @@ def test_accumulation_runs_each_micro_batch_and_averages_their_loss() -> None:
         torch.testing.assert_close(four.leaves[name], value, rtol=1e-12, atol=0.0)
 
 
-def test_a_static_scale_trains_half_weights_whose_gradients_underflow_unscaled() -> None:
+def test_half_weights_scaled_as_their_mode_scales_keep_gradients_that_underflow_unscaled() -> None:
     """The output's gradient, 1e-8, is 0 in float16 (its smallest subnormal is 6e-8), so the
-    bias's (16 rows of it, 1.6e-7) is lost; at a static 2**16 it is kept. A GradScaler
-    (dynamic) refuses to unscale float16 gradients: half weights with a scaler are static."""
+    bias's (16 rows of it, 1.6e-7) is lost unscaled; the float16 ``half`` mode's own scaler
+    (dynamic, held by the harness: a GradScaler refuses to unscale float16 gradients) and a
+    static 2**16 keep it."""
     model, x = linear(torch.float16)
     precision = Precision(CPU, torch.float16, "half")
 
     def loss(out: torch.Tensor) -> torch.Tensor:
         return out.float().sum() * 1e-8
 
-    plain = train_step(lambda: model(x), loss, model, precision)
+    unscaled = train_step(lambda: model(x), loss, model, precision, scaler="none")
+    by_mode = train_step(lambda: model(x), loss, model, precision)
     static = train_step(lambda: model(x), loss, model, precision, Recipe(scalers=("static",)),
                         scaler="static")  # fmt: skip
-    assert not plain.leaves["grad.bias"].any()
+    assert not unscaled.leaves["grad.bias"].any()
     assert static.leaves["grad.bias"].abs().min() > 0
-    with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):
-        train_step(lambda: model(x), loss, model, precision, scaler="dynamic")
+    assert torch.allclose(by_mode.leaves["grad.bias"].double(), torch.full((8,), 16e-8,
+                          dtype=torch.float64), rtol=1e-3)  # fmt: skip
+    assert by_mode.note is None
+
+
+def test_a_half_weights_dynamic_scale_backs_off_until_its_gradients_are_finite() -> None:
+    """An output whose gradient is 4, scaled by 2**16, overflows float16 (65504): the held
+    scale halves until it does not, and the note says which scales it skipped, as a
+    GradScaler's does."""
+    model, x = linear(torch.float16)
+    step = train_step(lambda: model(x), lambda out: out.sum() * 4, model,
+                      Precision(CPU, torch.float16, "half"))  # fmt: skip
+    assert step.note is not None and step.note.text.startswith("the dynamic loss scale skipped")
+    assert "; the step ran at scale " in step.note.text
+    assert torch.equal(step.leaves["grad.bias"], torch.full((8,), 64.0))  # 16 rows of 4
 
 
 def test_a_static_scale_that_overflows_skips_the_fits_steps_and_never_moves() -> None:
@@ -250,3 +266,14 @@ def test_a_recipe_entry_applies_to_its_factory_first() -> None:
     assert recipe_for("models:other", entries) == "m:plain"
     with pytest.raises(ModelCheckError, match="two recipes, --recipe m:a and --recipe m:b"):
         recipe_for("models:build", ("m:a", "m:b"))
+
+
+def test_a_half_weights_step_not_finite_at_any_held_scale_is_judged_not_raised() -> None:
+    """Its gradients are read in float32, and the step's own float16 ones are left on the
+    weights (a float32 gradient cannot be assigned to a float16 weight)."""
+    model, x = linear(torch.float16)
+    step = train_step(lambda: model(x), lambda out: out.exp().sum() * 1e30, model,
+                      Precision(CPU, torch.float16, "half"))  # fmt: skip
+    assert step.note is not None and "skipped every step it tried (24)" in step.note.text
+    assert not torch.isfinite(step.leaves["grad.bias"]).all()
+    assert model.bias.grad is not None and model.bias.grad.dtype == torch.float16

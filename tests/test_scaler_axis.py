@@ -17,7 +17,7 @@ from harness.measure.authoring.recipes import Recipe
 from harness.measure.running.fix_run import context_for
 from harness.report.rows import cell_rows
 from harness.runner import matrix
-from harness.runner.matrix import HALF_GRAD_SCALER_REFUSAL, expand
+from harness.runner.matrix import expand
 from harness.schema.axes import AXES, Cell
 from harness.schema.records import SCHEMA_VERSION, CellRecord, Outcome
 from harness.schema.selection import Selection, SelectionError, check_selection
@@ -57,22 +57,21 @@ def test_a_recipes_scalers_are_cells_of_one_fix_where_the_policy_can_train() -> 
     assert cells_of(plan, "train") == {
         ("float16", "autocast"): ["dynamic", "none", "static"],
         ("bfloat16", "autocast"): ["dynamic", "none", "static"],
-        ("float16", "half"): ["none", "static"],  # a GradScaler refuses half weights
+        ("float16", "half"): ["dynamic", "none", "static"],  # its scale held by the harness
         ("bfloat16", "half"): ["dynamic", "none", "static"],
         ("float32", "fp32"): ["none"],  # the control trains plain
     }
     forward = cells_of(plan, "forward")
     assert len(forward) == 5 and all(scalers == ["none"] for scalers in forward.values())
-    assert [(c.dtype, c.mode, c.scaler, reason) for c, reason in plan.skipped] == [
-        ("float16", "half", "dynamic", HALF_GRAD_SCALER_REFUSAL)
-    ]
+    assert plan.skipped == []
     assert BothScalers().scaler_names == ("none", "dynamic", "static")
 
 
 def test_a_cell_given_no_scaler_scales_as_its_mode_and_only_a_train_cell_scales() -> None:
     assert train_cell("float16", "autocast").scaler == "dynamic"
     assert train_cell("bfloat16", "autocast").scaler == "none"
-    assert train_cell("float16", "half").scaler == "none"
+    assert train_cell("float16", "half").scaler == "dynamic"
+    assert train_cell("bfloat16", "half").scaler == "none"
     assert Cell("c", "none", "cpu", "float16", "autocast", "sdpa").scaler == "none"  # forward
 
 
@@ -131,6 +130,9 @@ def old_record(case: str, fix: str, dtype: str, mode: str, stage: str) -> dict[s
         ("any", "none", "float16", "autocast", "fit", "dynamic"),
         ("any", "none", "bfloat16", "autocast", "train", "none"),
         ("any", "none", "float16", "autocast", "forward", "none"),
+        # half weights trained unscaled then, though they scale as their mode does now
+        ("any", "none", "float16", "half", "train", "none"),
+        ("any", "none", "float16", "half-autocast", "fit", "none"),
         # the built-in fix that trained unscaled, known by name alone
         ("fp16-no-grad-scaler", "none", "float16", "autocast", "train", "none"),
         ("fp16-no-grad-scaler", "grad-scaler", "float16", "autocast", "train", "dynamic"),

@@ -525,12 +525,10 @@ class Family:
     stages: tuple[str, ...] = ("train",)
     healthy_recipe: Recipe = SCALED
     bug_recipe: Recipe = SCALED
-    #: The modes of the healthy model's cells a recipe the harness has cannot train
-    #: healthily, by dtype (float16 ``half`` with a GradScaler), with why.
-    unexpressible: tuple[tuple[str, str, str], ...] = ()
     #: What a torch kernel the healthy model calls costs on its own in a dtype, in eps
-    #: (measured with plain torch), where it is more than rounding: where it is beyond the
-    #: bar a bug is held to, the healthy model's cell is truly inaccurate.
+    #: (measured with plain torch), where it is more than rounding: near the bar a bug is
+    #: held to either verdict is right, and beyond it the healthy cell is truly inaccurate
+    #: (``training_table.healthy_expected``).
     kernel_cost: Callable[[str], float] | None = None
     #: The bug is arithmetic written in the activations' dtype (a cancelling variance, a
     #: running sum): in the float32 control it is float32 arithmetic, which the control's
@@ -551,11 +549,6 @@ class Family:
     def recipe(self, healthy: bool) -> Recipe:
         return self.healthy_recipe if healthy else self.bug_recipe
 
-
-#: The cells (dtype, mode) where a GradScaler cannot train float16 half weights today: the
-#: harness's ``half`` recipe scales nothing, and ``torch.amp.GradScaler`` refuses float16
-#: gradients.
-NO_HALF_SCALER = (("float16", "half", "no recipe scales a float16 half-weight step"),)
 
 #: Every family, by name.
 FAMILIES = {
@@ -653,6 +646,5 @@ FAMILIES = {
         next_tokens(tokens=16384, vocab=64),
         accumulated_cross_entropy,
         bug_recipe=Recipe(grad_scaler=False),
-        unexpressible=NO_HALF_SCALER,
     ),
 }

@@ -33,13 +33,6 @@ from harness.schema.axes import (
 from harness.schema.devices import CUDA, device_kind, indexed_device
 from harness.schema.selection import Selection
 
-#: Why a GradScaler cell of float16 half weights is not run: torch.amp.GradScaler's
-#: ``unscale_`` raises "Attempting to unscale FP16 gradients" (a recipe's static scale runs).
-HALF_GRAD_SCALER_REFUSAL = (
-    "a GradScaler refuses to unscale the float16 gradients of half weights "
-    "(a static scaler trains them)"
-)
-
 
 @dataclass
 class Plan:
@@ -152,12 +145,12 @@ def skip_reason(case: Case, cell: Cell) -> str | None:
 
 def stage_skip_reason(cell: Cell) -> str | None:
     """A train or fit cell scaled by a GradScaler (``dynamic``) needs one this torch has
-    here, and weights it unscales: it refuses the float16 gradients of half weights (a
-    ``static`` scale trains them)."""
+    here; float16 half weights, whose gradients a GradScaler refuses to unscale, have their
+    dynamic scale held by the harness and need none."""
     if cell.stage not in TRAINING_STAGES or cell.scaler != DYNAMIC_SCALER:
         return None
     if cell.dtype == "float16" and MODES[cell.mode].casts_model:
-        return HALF_GRAD_SCALER_REFUSAL
+        return None
     return grad_scaler_skip_reason(cell.device)
 
 

@@ -120,10 +120,12 @@ SCALER_WORDS: dict[str, str] = {
 
 
 def mode_scaler(dtype: str, mode: str) -> str:
-    """The mode's loss scaling where a recipe names none: a GradScaler for float16 under
-    autocast with float32 weights (the AMP recipe), none elsewhere (bfloat16 has float32's
-    range; a GradScaler refuses to unscale the float16 gradients of half weights)."""
-    return DYNAMIC_SCALER if (dtype, mode) == ("float16", "autocast") else NO_SCALER
+    """The mode's loss scaling where a recipe names none: dynamic for float16 in every mode
+    (a GradScaler under autocast with float32 weights, the AMP recipe; the same scale held
+    by the harness for half weights, whose float16 gradients a GradScaler refuses to
+    unscale: see :mod:`harness.measure.running.training`), none elsewhere (bfloat16 and
+    float32 have float32's range, and the float32 control trains unscaled)."""
+    return DYNAMIC_SCALER if dtype == "float16" and mode != "fp32" else NO_SCALER
 
 
 def default_scaler(dtype: str, mode: str, stage: str) -> str:

@@ -24,6 +24,8 @@ V4_DTYPE_FIELDS = {"out_dtype": "out_dtypes", "attn_dtype": "attn_dtypes"}
 #: (``@fix(grad_scaler=False)``), by case and fix: a schema 5 record kept its recipe
 #: nowhere, so these are known by name alone.
 V5_UNSCALED_FIXES = frozenset({("fp16-no-grad-scaler", "none")})
+#: The one (dtype, mode) whose train and fit cells schema 5 scaled, with a GradScaler.
+V5_SCALED_MODE = ("float16", "autocast")
 
 
 def migrated(data: dict[str, Any], version: int) -> dict[str, Any]:
@@ -82,12 +84,16 @@ def migrate_v4(data: dict[str, Any]) -> dict[str, Any]:
 
 def migrate_v5(data: dict[str, Any]) -> dict[str, Any]:
     """Schema 5 and older had no ``scaler``: a train or fit cell scaled its loss as its
-    mode does (``Cell.from_dict`` reads an absent scaler so: a GradScaler for float16
-    under autocast, none elsewhere), but where its fix's recipe scaled nothing. A record
-    kept no recipe, so that is known only for the built-in fixes that scaled nothing
-    (:data:`V5_UNSCALED_FIXES`); a case of one's own whose fix trained unscaled reads as
-    scaled by its mode."""
+    mode then did, a GradScaler for float16 under autocast (:data:`V5_SCALED_MODE`, which
+    ``Cell.from_dict`` reads an absent scaler as) and none elsewhere (float16 ``half``
+    weights now take a dynamic scale: the record says it ran unscaled), but where its
+    fix's recipe scaled nothing. A record kept no recipe, so that is known only for the
+    built-in fixes that scaled nothing (:data:`V5_UNSCALED_FIXES`); a case of one's own
+    whose fix trained unscaled reads as scaled by its mode."""
     data = dict(data)
-    if "scaler" not in data and (data.get("case"), data.get("fix")) in V5_UNSCALED_FIXES:
+    if "scaler" in data:
+        return data
+    unscaled_fix = (data.get("case"), data.get("fix")) in V5_UNSCALED_FIXES
+    if unscaled_fix or (data.get("dtype"), data.get("mode")) != V5_SCALED_MODE:
         data["scaler"] = NO_SCALER
     return data

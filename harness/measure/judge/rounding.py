@@ -267,9 +267,10 @@ class GradientRounding:
 
 class StoredValue(torch.autograd.Function):
     """A value as ``dtype`` stores it (:func:`round_stored`), and in backward its gradient
-    as ``dtype`` stores it too, as an unscaled step in the dtype holds it (the half modes'
-    recipe has no scaler); for a simulated rounding moved by noise of its own (not the
-    value's, which a product with the noise would replay)."""
+    as ``dtype`` stores it too, as a dynamically scaled step in the dtype holds it
+    (:func:`round_gradient`: the float16 recipe scales half weights' loss as well); for a
+    simulated rounding moved by noise of its own (not the value's, which a product with
+    the noise would replay)."""
 
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, dtype: str, noise: torch.Generator) -> Any:
@@ -278,7 +279,7 @@ class StoredValue(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        return round_stored(grad, ctx.dtype, ctx.noise), None, None
+        return round_gradient(grad, ctx.dtype, ctx.noise), None, None
 
 
 class StoredGradient(torch.autograd.Function):

@@ -38,7 +38,10 @@ from harness.measure.precision.modes import Precision, autocast_region
 from harness.measure.running.recipe_steps import clip_gradients, scaler_policy, unscale_in_place
 from harness.measure.running.replay import seen_by_replay_alone
 from harness.measure.running.training import (
+    HELD_SCALER,
+    INIT_SCALE,
     forward_and_loss,
+    holds_scale,
     make_grad_scaler,
     scalar_loss,
     trainable_parameters,
@@ -269,8 +272,11 @@ def traced_if(traced: bool) -> Iterator[None]:
 
 
 def loss_scaler(policy: str, precision: Precision, recipe: Recipe) -> Any:
-    """What scales the fit's loss under ``policy``: a GradScaler (``dynamic``), a
-    :class:`FixedScaler` (``static``), or None."""
+    """What scales the fit's loss under ``policy``: a GradScaler (``dynamic``; for half
+    weights in float16, which it refuses, a :class:`DynamicScaler`), a :class:`FixedScaler`
+    (``static``), or None."""
+    if policy == DYNAMIC_SCALER and holds_scale(precision, policy):
+        return DynamicScaler()
     if policy == DYNAMIC_SCALER:
         return make_grad_scaler(precision.device)
     if policy == STATIC_SCALER:
@@ -280,6 +286,8 @@ def loss_scaler(policy: str, precision: Precision, recipe: Recipe) -> Any:
 
 def skipper_of(scaling: Any) -> str:
     """How a fit's note names what skipped its steps."""
+    if isinstance(scaling, DynamicScaler):
+        return HELD_SCALER
     if isinstance(scaling, FixedScaler):
         return f"the static loss scale ({scaling.scale_value:g})"
     return "GradScaler"
@@ -312,6 +320,20 @@ class FixedScaler:
 
     def get_scale(self) -> float:
         return self.scale_value
+
+
+class DynamicScaler(FixedScaler):
+    """A dynamic loss scale for the float16 gradients of half weights, which a GradScaler
+    refuses to unscale: a GradScaler's initial scale, the gradients divided back in place in
+    float16 (as a memory-efficient float16 optimizer does), halved after a skipped step as a
+    GradScaler backs off (it grows only every 2000 steps, beyond a short fit)."""
+
+    def __init__(self) -> None:
+        super().__init__(INIT_SCALE)
+
+    def update(self) -> None:
+        if not self.finite:
+            self.scale_value /= 2
 
 
 def backward(loss: torch.Tensor, scaler: Any) -> None:
@@ -402,7 +424,7 @@ def stall_reason(figures: FitFigures) -> str | None:
         step = next(i for i, v in enumerate(figures.losses) if not math.isfinite(v))
         return f"the fit's loss is not finite from step {step}"
     if figures.steps and figures.skipped_steps == figures.steps:
-        return f"the GradScaler skipped every step of the fit (scale {figures.final_scale:g})"
+        return f"the loss scale skipped every step of the fit (scale {figures.final_scale:g})"
     scale = end_scale(figures.reference_losses)
     if scale is None or figures.shortfall is None or figures.shortfall <= scale.limit:
         return None

@@ -148,7 +148,7 @@ def train_step(
     (``backward_sites``)."""
     params = trainable_parameters(model)
     policy = scaler_policy(precision, scaler)
-    held = policy == NO_SCALER and _HELD_SCALED.get() and precision.dtype == torch.float16
+    held = holds_scale(precision, policy)
     began = RandomState.now(precision.device)
     micro = recipe.accumulation
     output, loss = forward_and_loss(forward, loss_of, params, precision, micro)
@@ -167,7 +167,8 @@ def train_step(
         again = partial(step_again, began, forward, loss_of, precision, backward, micro=micro)
         located_failure(error, again, params)
         raise
-    grads = {GRAD_PREFIX + n: p.grad.detach() for n, p in params.items() if p.grad is not None}
+    own = {name: p.grad.detach() for name, p in params.items() if p.grad is not None}
+    grads = {GRAD_PREFIX + name: g for name, g in own.items()}
     if held and ran.scale is not None:
         grads = {name: g.float() / ran.scale for name, g in grads.items()}
     if recipe.clip_norm is not None:
@@ -185,7 +186,7 @@ def train_step(
         )
         note = non_finite_note(located_non_finite(rerun, params), ran.note)
         for name, p in params.items():  # the step's own gradients, not those taken again
-            p.grad = grads.get(GRAD_PREFIX + name)
+            p.grad = own.get(name)
     return TrainedStep({"loss": loss.detach(), **grads}, output, note)
 
 
@@ -230,6 +231,19 @@ class BackwardRan:
     note: Note | None = None
 
 
+def holds_scale(precision: Precision, policy: str) -> bool:
+    """Whether the step's backward is taken at a dynamic loss scale the harness holds
+    itself (:func:`held_backward`): a dynamically scaled float16 step of half weights,
+    whose float16 gradients ``torch.amp.GradScaler`` refuses to unscale (as a
+    memory-efficient float16 optimizer keeps them scaled and reads them unscaled in
+    float32), and an unscaled float16 step taken as a yardstick (:func:`held_scaled`)."""
+    if precision.dtype != torch.float16 or precision.managed_by_case:
+        return False
+    if policy == DYNAMIC_SCALER:
+        return precision.casts_model
+    return policy == NO_SCALER and _HELD_SCALED.get()
+
+
 def backward_pass(
     loss: torch.Tensor,
     params: dict[str, torch.Tensor],
@@ -238,33 +252,41 @@ def backward_pass(
     held: bool = False,
     static_scale: float = STATIC_SCALE,
 ) -> BackwardRan:
-    """The backward of the recipe's loss scaling ``policy``: through a GradScaler
-    (``dynamic``), at a fixed scale (``static``), at the scale one would hold the gradients
-    at (``held``, a yardstick's: :func:`held_scaled`), else plain."""
+    """The backward of the recipe's loss scaling ``policy``: at a dynamic scale the harness
+    holds (``held``: :func:`holds_scale`), through a GradScaler (``dynamic``), at a fixed
+    scale (``static``), else plain."""
+    if held:
+        return held_backward(loss, params, noted=policy == DYNAMIC_SCALER)
     if policy == DYNAMIC_SCALER:
         return scaled_backward(loss, params, device)
     if policy == STATIC_SCALER:
         static_backward(loss, params.values(), static_scale)
         return BackwardRan(static_scale)
-    if held:
-        return held_backward(loss, params)
     loss.backward()
     return BackwardRan()
 
 
-def held_backward(loss: torch.Tensor, params: dict[str, torch.Tensor]) -> BackwardRan:
+#: How a note names the dynamic loss scale the harness holds for half weights.
+HELD_SCALER = "the dynamic loss scale"
+
+
+def held_backward(
+    loss: torch.Tensor, params: dict[str, torch.Tensor], noted: bool = False
+) -> BackwardRan:
     """Backward at the loss scale a dynamic GradScaler settles on (its initial scale,
     halved while the gradients are not finite), the gradients left scaled: a GradScaler
-    refuses to unscale float16 gradients in place, so they are read unscaled in float32."""
-    scale = INIT_SCALE
+    refuses to unscale float16 gradients in place, so they are read unscaled in float32.
+    ``noted``: the cell's own scaling, whose skipped steps a note names."""
+    scale, skipped = INIT_SCALE, []
     for _ in range(MAX_BACKOFFS):
         for param in params.values():
             param.grad = None
         (loss * scale).backward(retain_graph=True)
         if all_finite(p.grad for p in params.values()):
-            break
+            return BackwardRan(scale, scaler_note(skipped, scale, HELD_SCALER) if noted else None)
+        skipped.append(scale)
         scale /= 2
-    return BackwardRan(scale)
+    return BackwardRan(skipped[-1], scaler_note(skipped, None, HELD_SCALER) if noted else None)
 
 
 def step_again(
@@ -323,8 +345,10 @@ def scaled_backward(
     return BackwardRan(scale, scaler_note(skipped, None))
 
 
-def scaler_note(skipped: list[float], ran_at: float | None) -> Note | None:
-    """What the GradScaler skipped (each scale, or the first and last of more than three),
+def scaler_note(
+    skipped: list[float], ran_at: float | None, skipper: str = "GradScaler"
+) -> Note | None:
+    """What the ``skipper`` skipped (each scale, or the first and last of more than three),
     and the scale the step ran at (None: its gradients were not finite at any it tried)."""
     if not skipped:
         return None
@@ -334,11 +358,11 @@ def scaler_note(skipped: list[float], ran_at: float | None) -> Note | None:
     if ran_at is None:
         return Note(
             NoteKind.SCALER,
-            f"GradScaler skipped every step it tried ({len(skipped)}): gradients not finite "
+            f"{skipper} skipped every step it tried ({len(skipped)}): gradients not finite "
             f"at scale {scales}",
         )
     return Note(
         NoteKind.SCALER,
-        f"GradScaler skipped {len(skipped)} step(s) with gradients not finite at scale "
+        f"{skipper} skipped {len(skipped)} step(s) with gradients not finite at scale "
         f"{scales}; the step ran at scale {ran_at:g}",
     )
