@@ -221,3 +221,39 @@ def test_fits():
     result = pytester.runpytest_subprocess(*PLUGIN_ARGS, "-p", "no:cacheprovider", "--co", "-q")
     collected = result.stdout.str()
     assert "bfloat16-half-fit" in collected and "bfloat16-half-train" in collected, collected
+
+
+def test_scaler_trains_the_model_with_each_policy_named(tmp_path: Path) -> None:
+    """``--scaler none,static`` puts an unscaled and a statically scaled train cell of each
+    mode beside each other; the forward scales nothing and stays."""
+    result = check(tmp_path, "models:mlp", "--stage", "all", "--scaler", "none,static")
+    assert result.returncode == 0, result.stderr
+    records = storage.read_records(only_run_dir(tmp_path / "results"))
+    trained = {(r.cell.stage, r.cell.mode, r.cell.scaler) for r in records if r.cell.scales}
+    assert trained == {
+        (stage, mode, scaler)
+        for stage in ("train", "fit")
+        for mode in ("autocast", "half")
+        for scaler in ("none", "static")
+    }
+    assert {r.cell.scaler for r in records if r.cell.stage == "forward"} == {"none"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--scaler", "dynamc", "--stage", "train"), "unknown scaler 'dynamc' (known: none,"),
+        (("--scaler", "none"), "the scaler policy none is taken by a training step, and no"),
+    ],
+)
+def test_a_scaler_check_cannot_use_is_one_line(
+    tmp_path: Path, args: tuple[str, ...], message: str
+) -> None:
+    result = check(tmp_path, "models:mlp", *args)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_check_model_takes_scalers_as_check_takes_scaler() -> None:
+    matrix = Matrix(stages=("train",), scalers=("none", "static"))
+    assert matrix["scalers"] == ("none", "static") and Matrix()["scalers"] == ()

@@ -104,6 +104,13 @@ def test_scaler_selects_and_is_checked_against_what_the_cases_declare() -> None:
     plan = expand([BothScalers()], selection)
     assert {c.scaler for c in plan.to_run} == {"none"}
     assert {c.stage for c in plan.to_run} == {"forward", "train"}
+    scaled = expand([BothScalers()], selection_from(parser.parse_args(["--scaler", "dynamic"])))
+    trained = {c.scaler for c in scaled.to_run if c.scales}
+    assert trained == {"dynamic"}  # the cells that scale nothing stay: forwards, the control
+    assert {(c.stage, c.mode) for c in scaled.to_run if not c.scales} >= {
+        ("forward", "autocast"),
+        ("train", "fp32"),
+    }
     with pytest.raises(SelectionError, match="unknown scaler 'dynamc'; did you mean dynamic"):
         check_selection([BothScalers()], Selection(scalers=("dynamc",)))
 

@@ -179,6 +179,10 @@ class Axis:
     #: ``default`` is then :data:`OWN_DEFAULT`. Such a value is left out of the cell's id and
     #: row label, and a cell or record given none takes it.
     default_of: str = ""
+    #: The name of a :class:`Cell` property saying whether a selection on this axis narrows
+    #: that cell, where it narrows only some (a scaler: cells that scale a loss; a forward
+    #: and the float32 control scale none and stay); empty: every cell.
+    narrows: str = ""
     #: The Cell field; filled in from the field's name.
     name: str = ""
 
@@ -278,8 +282,11 @@ class Cell:
         default=OWN_DEFAULT,
         named_in_id=True,
         default_of="default_scaler",
-        flag_help=f"; {', '.join(SCALERS)} (a train or fit cell's loss scaling; "
-        "default: those its recipe names, else the mode's)",
+        narrows="scales",
+        model_default=(),
+        flag_help=f"; {', '.join(SCALERS)} (a train or fit cell's loss scaling: the cells "
+        "that scale none, a forward and the fp32 control, stay; default: those its recipe "
+        "names, else the mode's; in check: the scalers your model trains with)",
     )
 
     def __post_init__(self) -> None:
@@ -302,6 +309,12 @@ class Cell:
     def fix_and_backend(self) -> str:
         """A row label for tables whose case ran several backends: ``fix [backend]``."""
         return f"{self.fix} [{self.backend}]"
+
+    @property
+    def scales(self) -> bool:
+        """Whether the cell may scale a loss (a stage that trains, out of the float32
+        control): the cells a scaler selection narrows."""
+        return self.stage in TRAINING_STAGES and self.mode != CONTROL_MODE
 
     @property
     def default_scaler(self) -> str:

@@ -60,7 +60,9 @@ class Selection:
     def selects(self, cell: Cell) -> bool:
         wanted = self._wanted
         return all(
-            spec.selects(wanted[spec.plural], getattr(cell, spec.name)) for spec in self._axes
+            spec.selects(wanted[spec.plural], getattr(cell, spec.name))
+            for spec in self._axes
+            if not spec.narrows or getattr(cell, spec.narrows)
         )
 
     def to_dict(self) -> dict[str, list[str]]:

@@ -63,6 +63,7 @@ from harness.measure.authoring.model_targets import (
 from harness.measure.authoring.model_targets import ModelCheckError as ModelCheckError
 from harness.measure.authoring.recipes import Recipe
 from harness.schema.axes import (
+    AXIS,
     CONTROL_FIX,
     CONTROL_MODE,
     DEVICE_KINDS,
@@ -270,9 +271,13 @@ def model_case(
     """A case for the model ``factory`` builds, over the cells ``matrix`` asks for;
     ``target`` is the ``MODULE:FACTORY`` it was named by, where ``check`` named it; ``loss``
     the loss its training steps take, where the user named one (``loss_name``: as named);
-    ``recipe`` the recipe they train with (``recipe_name``: as named)."""
+    ``recipe`` the recipe they train with (``recipe_name``: as named), its loss scaling the
+    scalers ``matrix`` names where it names some (``--scaler``)."""
     modes = tuple(dict.fromkeys((*matrix["modes"], CONTROL_MODE)))
     stages = tuple(dict.fromkeys((FORWARD_STAGE, *matrix["stages"])))
+    if matrix["scalers"]:
+        check_scalers(name, matrix["scalers"], stages)
+        recipe = (recipe or Recipe()).with_scalers(*matrix["scalers"])
     loss_name = loss_name or getattr(loss, "__qualname__", "") or repr(loss)
     if loss is not None:
         check_loss_signature(loss, loss_name)
@@ -287,7 +292,7 @@ def model_case(
         .splitlines()[0],
         "upstream": Upstream(repo="your project", file=source_file, commit=""),
         "factory": staticmethod(factory),
-        **{axis.plural: matrix[axis.plural] for axis in MODEL_AXES},
+        **{axis.plural: matrix[axis.plural] for axis in MODEL_AXES if not axis.declared_as},
         "modes": modes,
         "stages": stages,
         "keep_fp32": matrix.keep_fp32,
@@ -310,6 +315,16 @@ def check_loss_stages(stages: Sequence[str], name: str, what: str = "loss") -> N
             f"the {what} {name} is taken by a training step, and no stage trains: "
             f"ask for the stage {' or '.join(LOSS_STAGES)} too"
         )
+
+
+def check_scalers(name: str, scalers: Sequence[str], stages: Sequence[str]) -> None:
+    """Scaler policies a model is asked to train with (``--scaler``): known ones, and a
+    stage that trains; a ``ModelCheckError`` otherwise."""
+    known = AXIS["scaler"].vocabulary
+    unknown = [scaler for scaler in scalers if scaler not in known]
+    if unknown:
+        raise ModelCheckError(f"{name}: unknown scaler {unknown[0]!r} (known: {', '.join(known)})")
+    check_loss_stages(stages, ", ".join(scalers), "scaler policy")
 
 
 def check_recipe(recipe: object, name: str) -> None:
