@@ -11,6 +11,7 @@ its verdict is made are hooks that measuring calls with what it has (:class:`Sta
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, Protocol, TypeVar, overload
 
@@ -43,7 +44,16 @@ class StageJudge(Protocol):
 class Stage:
     """One stage of the matrix. A subclass sets the name and words and overrides a hook
     where it differs from a forward pass; :func:`register_stage` makes it a value of the
-    stage axis."""
+    stage axis. What measuring, the report and the summary do differently for a stage they
+    ask of its class (the attributes below), never of its name.
+
+    A stage is known to a process that imported the module declaring it. A cell runs in a
+    child forked from the process that runs it, and inherits every stage registered there;
+    the workers of ``run -n N`` (``N`` > 0) are interpreters of their own, which import the
+    run's case modules: declare a stage of one's own in a case module or a module one
+    imports, and it reaches them; a stage registered in a process alone (a test's fixture)
+    runs with ``-n 0``. A record whose stage is not registered where it is read is read as
+    a forward-like stage named by its name (:func:`stage_as_read`)."""
 
     #: The stage axis's value (``--stage NAME``, a record's ``stage``).
     name: ClassVar[str]
@@ -65,6 +75,32 @@ class Stage:
     yardsticks: ClassVar[bool] = True
     #: Timed in the timing phase (a fit's step is the train stage's).
     timed: ClassVar[bool] = True
+    #: What the stage records of a cell's run and replays in its float64 reference (see
+    #: :mod:`harness.measure.running.replay`), beyond random draws and the outcomes made on
+    #: them (comparisons, floors), which every stage replays: elementwise kinks (a ReLU's
+    #: side), and picks (top-k, argmax, max-pool). A training step keeps every choice; a
+    #: forward no elementwise kink (its output moves continuously through one); a fit, in
+    #: every step, its draws and the outcomes made on them (a stochastic-depth mask's floor, a
+    #: dropout mask's comparison) alone: its trajectory leaves the cell's after the first
+    #: step, and it is judged by where its loss ends, not by one step's gradients.
+    replays_kinks: ClassVar[bool] = False
+    replays_picks: ClassVar[bool] = True
+    #: The stage whose time and peak memory the report shows this stage's over, in the same
+    #: column (the train step's over the forward pass's: what training costs beyond
+    #: inference); None: shown over none.
+    cost_against: ClassVar[str | None] = None
+    #: Judged by where its loss curve ends beside float64's (:meth:`StageJudge.fit`): the
+    #: report shows the curve and the fit's figures (steps skipped, updates lost) in its
+    #: column.
+    loss_curve: ClassVar[bool] = False
+
+    @property
+    def inference(self) -> bool:
+        """Runs the fix as inference (under ``no_grad`` unless the case needs gradients),
+        where torch takes fused inference paths (``nn.TransformerEncoder``'s fast path) that
+        a dispatch mode runs with autocast off unless the dtype tracer switches it back on
+        (see :mod:`harness.measure.tracing.trail`); a stage that trains runs none."""
+        return not self.trains
 
     def run(self, call: StageCall) -> Any:
         """What one call of the fix is in a cell of this stage."""
@@ -82,12 +118,19 @@ S = TypeVar("S", bound=type[Stage])
 
 
 def register_stage(cls: S) -> S:
-    """Class decorator: the stage becomes a value of the stage axis; a name taken twice is
-    an error."""
-    if cls.name in STAGE_REGISTRY:
+    """Class decorator: the stage becomes a value of the stage axis; a name taken by another
+    class is an error. The same class declared again (its module imported anew, as
+    discovery does with a case module once the case registry is cleared) replaces itself."""
+    known = STAGE_REGISTRY.get(cls.name)
+    if known is not None and declared_where(type(known)) != declared_where(cls):
         raise ValueError(f"stage {cls.name!r} is registered twice")
     STAGE_REGISTRY[cls.name] = cls()
     return cls
+
+
+def declared_where(cls: type[Stage]) -> tuple[str, str]:
+    """A stage class's module and qualified name: the same declaration wherever imported."""
+    return cls.__module__, cls.__qualname__
 
 
 def stage_of(name: str) -> Stage:
@@ -96,6 +139,25 @@ def stage_of(name: str) -> Stage:
         return STAGE_REGISTRY[name]
     except KeyError:
         raise KeyError(f"unknown stage {name!r}; known: {', '.join(STAGE_REGISTRY)}") from None
+
+
+def stage_as_read(name: str) -> Stage:
+    """The stage of a record as what reads records sees it: the registered one, or, for a
+    stage this process has not registered (a record of another harness's, or of a stage
+    declared in a module not imported here), :func:`unregistered`: a report and a summary
+    read any record and never fail on its stage."""
+    known = STAGE_REGISTRY.get(name)
+    return known if known is not None else unregistered(name)
+
+
+@functools.cache
+def unregistered(name: str) -> Stage:
+    """A stage ``name`` not registered here, forward-like (the base class's answers: it
+    trains not, is shown over no other stage's cost, has no loss curve) and named by its
+    name in every sentence."""
+    words = {"name": name, "meaning": name, "passed": name, "noun": name}
+    stage: Stage = type(f"Unregistered[{name}]", (Stage,), words)()
+    return stage
 
 
 class StageNames(Sequence[str]):
@@ -157,6 +219,8 @@ class Train(Stage):
     passed = "the train step"
     noun = "train step"
     trains = True
+    replays_kinks = True
+    cost_against = "forward"
 
     def run(self, call: StageCall) -> Any:
         return call.train_step()
@@ -176,6 +240,8 @@ class Fit(Stage):
     own_reference = True
     yardsticks = False
     timed = False
+    replays_picks = False
+    loss_curve = True
 
     def run(self, call: StageCall) -> Any:
         return call.fit()

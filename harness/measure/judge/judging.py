@@ -39,7 +39,7 @@ from harness.measure.running.fitting import (
 )
 from harness.measure.running.fitting import evidence as fit_evidence
 from harness.measure.running.fix_run import FixRun, context_for, run_fix_checked
-from harness.measure.running.replay import KEPT, Recorded, plan_replay, replay_note
+from harness.measure.running.replay import Recorded, plan_replay, replay_note
 from harness.schema.axes import CONTROL_DTYPE, EAGER, Cell
 from harness.schema.devices import CUDA, device_kind
 from harness.schema.kernel_kinds import MATMUL
@@ -218,8 +218,10 @@ def reference_for(
     if recorded is None:
         return reference, None
     dtype = band_dtype(cell)
-    kept = KEPT[cell.stage]
-    plan = plan_replay(reference_record(piece), recorded, dtype, kept.kinks, kept.picks)
+    stage = stage_of(cell.stage)
+    plan = plan_replay(
+        reference_record(piece), recorded, dtype, stage.replays_kinks, stage.replays_picks
+    )
     if plan is None:
         return reference, None
     along = reference_along(piece, plan, dtype) if plan.draws or plan.choices else None

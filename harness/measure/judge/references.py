@@ -43,7 +43,7 @@ from harness.measure.running.fix_run import (
     prepared_workload,
     run_fix_checked,
 )
-from harness.measure.running.replay import KEPT, Recorded, Replay, ReplayPlan, run_replayed
+from harness.measure.running.replay import Recorded, Replay, ReplayPlan, run_replayed
 from harness.measure.running.training import held_scaled
 from harness.measure.tracing.backward_sites import all_finite
 from harness.schema.axes import (
@@ -366,7 +366,7 @@ def float64_choices(piece: Workpiece, dtype: str) -> Replay | nullcontext[None]:
     takes float64's (see :mod:`harness.measure.running.replay`); its random draws are
     float64's own (a float64 run from the same seed)."""
     choices = reference_record(piece).choices
-    kinks = piece.stage in KEPT and KEPT[piece.stage].kinks
+    kinks = stage_of(piece.stage).replays_kinks
     return Replay(None, choices, dtype, kinks) if choices else nullcontext()
 
 

@@ -31,14 +31,13 @@ from harness.measure.precision.modes import Precision, autocast_region
 from harness.measure.precision.outputs import output_leaves_or_none
 from harness.measure.running import fitting, training
 from harness.measure.running.errors import WorkloadFailed
-from harness.measure.running.replay import KEPT, Recorded, Recorder
+from harness.measure.running.replay import Recorded, Recorder
 from harness.measure.running.stays_float64 import StaysFloat64
 from harness.measure.tracing.python_watch import PythonWatch, watch_python
 from harness.measure.tracing.tensor_marks import Names
 from harness.measure.tracing.trail import DtypeTracer, tracing
 from harness.schema.axes import (
     EAGER,
-    FORWARD_STAGE,
     TRAINING_STAGES,
     Cell,
 )
@@ -224,23 +223,32 @@ def run_fix_checked(
 
 
 def choice_recorder(ctx: RunContext, compiled: Any, tracer: DtypeTracer | None) -> Recorder | None:
-    """What keeps a run's random draws and discrete choices (what each stage keeps:
-    ``replay.KEPT``; a fit's in every step), to judge it against float64 taken along them
-    (see :mod:`harness.measure.running.replay`); None for a compiled run (Inductor draws
-    and chooses in its own kernels) and for a forward under autocast with no tracer, which
-    alone switches autocast back on around the fused layer ops a dispatch mode runs without
-    it (see :mod:`harness.measure.tracing.trail`; a training step runs none: they are
-    inference paths)."""
-    if compiled is not None or ctx.stage not in KEPT:
+    """What keeps a run's random draws and discrete choices (what the cell's stage replays:
+    its ``replays_kinks`` and ``replays_picks``; a fit's in every step), to judge it against
+    float64 taken along them (see :mod:`harness.measure.running.replay`); None for a
+    compiled run (Inductor draws and chooses in its own kernels) and for a stage run as
+    inference under autocast with no tracer, which alone switches autocast back on around
+    the fused layer ops a dispatch mode runs without it (see
+    :mod:`harness.measure.tracing.trail`; a stage that trains runs none: they are inference
+    paths)."""
+    if compiled is not None:
         return None
-    if ctx.stage == FORWARD_STAGE and ctx.precision.uses_autocast and tracer is None:
+    stage = stage_of(ctx.stage)
+    if stage.inference and ctx.precision.uses_autocast and tracer is None:
         return None
     return Recorder.at(ctx.stage, reference=ctx.precision.is_reference)
 
 
 def step_parts(output: Any) -> tuple[Any, Any, Note | None]:
     """What is judged (a training step's loss and gradients, or the output), what the mode's
-    checks look at (the forward output), and the step's note, if any."""
+    checks look at (the forward output), and the step's note, if any.
+
+    Read from what the run returned, not asked of the stage: a stage's run
+    (:meth:`Stage.run <harness.schema.stages.Stage.run>`) chooses the call, and the call's
+    result says what it is (a :class:`~harness.measure.running.training.TrainedStep`, a
+    :class:`~harness.measure.running.fitting.FitRun`, else a forward's output), so a stage
+    of one's own that calls ``train_step`` or ``fit`` is judged as they are with nothing
+    more to declare, and a stage attribute naming the result would say it a second time."""
     if isinstance(output, training.TrainedStep):
         return output.leaves, output.forward_output, output.note
     if isinstance(output, fitting.FitRun):
@@ -249,7 +257,8 @@ def step_parts(output: Any) -> tuple[Any, Any, Note | None]:
 
 
 def judged_output(output: Any) -> Any:
-    """What of a run's output is compared leaf by leaf: a fit's loss curve, else the output."""
+    """What of a run's output is compared leaf by leaf: a fit's loss curve, else the output
+    (read from the result, as :func:`step_parts` says why)."""
     return output.leaves if isinstance(output, fitting.FitRun) else output
 
 

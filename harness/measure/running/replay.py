@@ -59,9 +59,10 @@ same masks in every dtype: no replay.
 A fit (``fitting.fit``) records its draws and its outcomes (comparisons, floors: the masks
 made of the draws) in every step and in its last loss, where the dtype tracer sees only its
 first step (``seen_by_replay_alone``); its elementwise kinks and picks are not recorded
-(``KEPT``): after its first step a fit's weights are its own, and it is judged by where its
-loss ends, not by one step's gradients. Where a draw differs or an outcome crossed, the
-float64 fit is taken again with all of the cell's draws (its outcomes within the band), and
+(the stage's ``replays_kinks`` and ``replays_picks``, :mod:`harness.schema.stages`): after
+its first step a fit's weights are its own, and it is judged by where its loss ends, not
+by one step's gradients. Where a draw differs or an outcome crossed, the float64 fit is
+taken again with all of the cell's draws (its outcomes within the band), and
 the fit is judged against where that ends. Measured (CPU, torch 2.13.0; the stochastic-depth
 model of ``tests/test_replay.py``, masks drawn with ``torch.rand`` in the activations' dtype,
 AdamW with an eps float16 holds, 20 steps: 63 draws): the float32 control's fit ends where
@@ -96,7 +97,7 @@ from torch.utils._python_dispatch import (
 from harness.measure.precision.dtypes import TORCH_DTYPES
 from harness.measure.running.stays_float64 import StaysFloat64
 from harness.measure.tracing.dispatch_mode import LazyDynamoMode
-from harness.schema.axes import FIT_STAGE, FORWARD_STAGE, TRAIN_STAGE
+from harness.schema.stages import stage_of
 
 #: How near the other outcome (in the dtype's eps, relative to the largest magnitude of the
 #: tensor the choice is made on) a choice is below the dtype's resolution: twice the largest
@@ -153,25 +154,6 @@ NOT_DRAWS = {aten.rrelu_with_noise, getattr(aten, "rrelu_with_noise_", aten.rrel
 DRAW, KINK, OUTCOME, PICK = "draw", "kink", "outcome", "pick"
 
 
-@dataclass(frozen=True)
-class Kept:
-    """Which choices beyond draws and outcomes (comparisons, floors) a stage records and
-    replays: elementwise kinks, picks."""
-
-    kinks: bool
-    picks: bool
-
-
-#: What each stage records and replays: a training step every choice; a forward no
-#: elementwise kink (its output moves continuously through one); a fit, in every step,
-#: its draws and the outcomes made on them (a stochastic-depth mask's floor, a dropout
-#: mask's comparison): its trajectory leaves the cell's after the first step, and it is
-#: judged by where its loss ends, not by one step's gradients.
-KEPT = {
-    FORWARD_STAGE: Kept(kinks=False, picks=True),
-    TRAIN_STAGE: Kept(kinks=True, picks=True),
-    FIT_STAGE: Kept(kinks=False, picks=False),
-}
 #: What each op seen is to the replay (None: nothing), by op overload.
 _KINDS: dict[Any, str | None] = {}
 
@@ -489,9 +471,10 @@ class Recorder(LazyDynamoMode):
 
     @classmethod
     def at(cls, stage: str, reference: bool) -> Recorder:
-        """The recorder of a ``stage`` (see ``KEPT``)."""
-        kept = KEPT[stage]
-        return cls(kept.kinks, reference, kept.picks)
+        """The recorder of a ``stage``, keeping what the stage replays (its
+        ``replays_kinks`` and ``replays_picks``, :mod:`harness.schema.stages`)."""
+        kept = stage_of(stage)
+        return cls(kept.replays_kinks, reference, kept.replays_picks)
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
@@ -767,9 +750,10 @@ def plan_replay(
     """What the reference must be taken again with for ``cell``, or None where float64's
     own draws and choices are the cell's (no draw differs, no choice crossed within the
     band): the replay is paid only by the cells that need it (``kinks``, ``picks``: whether
-    the cell's stage replays those choices, see ``KEPT``). What the cell drew after
-    float64's last draw is not float64's to take (see :func:`draws_unmatched`): a step whose
-    gradients are not finite is taken again to say where, and draws again."""
+    the cell's stage replays those choices: its ``replays_kinks``, ``replays_picks``). What
+    the cell drew after float64's last draw is not float64's to take (see
+    :func:`draws_unmatched`): a step whose gradients are not finite is taken again to say
+    where, and draws again."""
     unmatched = draws_unmatched(reference.draws, cell.draws)
     taken = cell.draws[: len(reference.draws)]
     draws_differ = unmatched is None and any(
