@@ -263,11 +263,13 @@ def test_across_fixes_compares_the_columns_every_fix_has() -> None:
     time = {("none", "bfloat16", "half", "e"): 2.0, ("none", "float32", "fp32", "e"): 9.0,
             ("sdpa", "bfloat16", "half", "e"): 3.0}  # fmt: skip
     memory = {("none", "bfloat16", "half", "e"): 1.5, ("sdpa", "bfloat16", "half", "e"): 1.5}
-    assert stages.across_fixes(time, memory) == (
+    costed = stages.Costed("train", "forward")
+    assert stages.across_fixes(time, memory, costed) == (
         "Across fixes, the train step takes 2.00x (none) to 3.00x (sdpa) the forward pass's "
         "time and 1.50x (every fix) the forward pass's peak memory."
     )
-    assert stages.across_fixes({}, {}) is None
+    assert stages.across_fixes({}, {}, costed) is None
+    assert stages.across_fixes(time, memory, None) is None
 
 
 @pytest.mark.parametrize(

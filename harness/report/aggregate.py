@@ -94,7 +94,7 @@ def base_row_labels(frame: pd.DataFrame) -> pd.Series:
 
 def row_labels(frame: pd.DataFrame) -> pd.Series:
     """The base row (:func:`base_row_labels`), with `` · train`` for a cell of a stage
-    other than ``forward``."""
+    other than ``forward`` (the stage every case has, whose rows are the case's own)."""
     rows = frame["base_row"]
     trained = frame["stage"] != FORWARD_STAGE
     return rows.where(~trained, rows + " · " + frame["stage"])

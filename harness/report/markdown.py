@@ -10,7 +10,6 @@ import pandas as pd
 
 from harness.report import aggregate, stages
 from harness.report.aggregate import Run
-from harness.schema.axes import STAGES
 from harness.schema.records import LABELS
 from harness.schema.releases import torch_release
 from harness.schema.text import markdown_safe
@@ -56,7 +55,7 @@ def across_stages(frame: pd.DataFrame) -> list[str]:
     step's time and memory over its forward pass's."""
     views = [(str(case), stages.side_by_side(mine)) for case, mine in frame.groupby("case")]
     staged = [(case, view) for case, view in views if view is not None]
-    shown = [s for s in STAGES if any(s in view.stages for _, view in staged)]
+    shown = stages.in_stage_order({s for _, view in staged for s in view.stages})
     rows = []
     for case, view in staged:
         for row in view.fixes:
@@ -65,7 +64,8 @@ def across_stages(frame: pd.DataFrame) -> list[str]:
             rows.append([case, row["row"], *outcomes, row["time_ratio"], row["memory_ratio"]])
     if not rows:
         return []
-    header = ["case", "fix", *shown, "train / forward: time", "train / forward: memory"]
+    costed = next((view.costed.label for _, view in staged if view.costed), "cost")
+    header = ["case", "fix", *shown, f"{costed}: time", f"{costed}: memory"]
     return ["### Each fix across stages", "", *markdown_table(header, rows), ""]
 
 

@@ -49,7 +49,7 @@ from harness.report.views import (
 )
 from harness.results import storage
 from harness.results.summary import noise_statement
-from harness.schema.axes import FIT_STAGE, MODES, SIZES, TRAIN_STAGE, rank
+from harness.schema.axes import MODES, SIZES, rank
 from harness.schema.devices import CPU
 from harness.schema.releases import torch_release
 from harness.schema.run_files import CaseInfo
@@ -191,8 +191,8 @@ def stage_view(mine: pd.DataFrame, styles: Styles) -> StagesView | None:
         fixes=fixes,
         columns=[stage_column(row, styles) for row in view.columns],
         across=view.across,
-        trained=TRAIN_STAGE in view.stages,
-        fitted=FIT_STAGE in view.stages,
+        costed=view.costed,
+        fitted=view.curves,
     )
 
 

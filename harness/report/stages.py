@@ -19,33 +19,22 @@ from typing import Any
 
 import pandas as pd
 
-from harness.schema.axes import (
-    CONTROL_FIX,
-    DTYPES,
-    FIT_STAGE,
-    FORWARD_STAGE,
-    MODE_NAMES,
-    STAGES,
-    TRAIN_STAGE,
-    rank,
-)
+from harness.schema.axes import CONTROL_FIX, DTYPES, MODE_NAMES, STAGES, rank
 from harness.schema.fit_rule import where_it_ends
 from harness.schema.records import RAISES_OTHER, REPRODUCES, FitFigures, Outcome
-from harness.schema.stages import STAGE_REGISTRY
+from harness.schema.stages import stage_as_read
 
 
 def passed_words(stage: str) -> str:
     """How a sentence names what a fix passes at ``stage`` (``the train step``): the stage's
     own words (:attr:`Stage.passed <harness.schema.stages.Stage.passed>`), its name for a
     stage not registered here."""
-    known = STAGE_REGISTRY.get(stage)
-    return known.passed if known else stage
+    return stage_as_read(stage).passed
 
 
 def noun(stage: str) -> str:
     """How a sentence names a cell of ``stage`` (``bfloat16/half train step``)."""
-    known = STAGE_REGISTRY.get(stage)
-    return known.noun if known else stage
+    return stage_as_read(stage).noun
 
 
 #: Columns a cross-stage failure lists in full; beyond them, a count.
@@ -60,7 +49,13 @@ def ran(case_frame: pd.DataFrame) -> pd.DataFrame:
 def stages_ran(case_frame: pd.DataFrame) -> list[str]:
     """The stages of the cells that ran, in axis order (forward, train, fit)."""
     found = set(ran(case_frame)["stage"]) if len(case_frame) else set()
-    return [stage for stage in STAGES if stage in found]
+    return in_stage_order(found)
+
+
+def in_stage_order(found: set[str]) -> list[str]:
+    """``found`` in axis order, a stage not registered here (a record of another harness's)
+    after the registered ones, by name."""
+    return [s for s in STAGES if s in found] + sorted(found.difference(STAGES))
 
 
 def fit_reason(fit: FitFigures) -> str:
@@ -117,9 +112,8 @@ MISS_VERBS = {
 def miss_verb(stage: str, outcome: str, label: str) -> str:
     """What a failed cell did (``raises``, ``stalls``), from its outcome; a cell that
     passes with a flag ``is passes[drift]``."""
-    known = STAGE_REGISTRY.get(stage)
     if outcome == Outcome.INACCURATE.value:
-        return known.inaccurate_verb if known else "is inaccurate"
+        return stage_as_read(stage).inaccurate_verb
     return MISS_VERBS.get(outcome, f"is {label}")
 
 
@@ -185,7 +179,7 @@ def stage_failures(case_frame: pd.DataFrame) -> tuple[StageFailure, ...]:
 
 def fix_failure(fix: str, mine: pd.DataFrame) -> StageFailure | None:
     passing = (mine["label"] == PASSES).groupby(mine["stage"]).all().to_dict()
-    order = [stage for stage in STAGES if stage in passing]
+    order = in_stage_order(set(passing))
     if len(order) < 2 or not passing[order[0]] or all(passing.values()):
         return None
     misses = [
@@ -290,23 +284,59 @@ def stage_outcome(cells: Sequence[Any]) -> StageOutcome:
     return StageOutcome(min(labels, key=worst_first), passed, len(labels), misses)
 
 
+@dataclass(frozen=True)
+class Costed:
+    """A stage whose time and peak memory the report shows over another stage's in the same
+    column, as that stage declares (:attr:`Stage.cost_against
+    <harness.schema.stages.Stage.cost_against>`): the train step over the forward pass."""
+
+    stage: str
+    against: str
+
+    @property
+    def label(self) -> str:
+        """A column's heading: ``train / forward``."""
+        return f"{self.stage} / {self.against}"
+
+    @property
+    def noun(self) -> str:
+        return noun(self.stage)
+
+    @property
+    def against_noun(self) -> str:
+        return noun(self.against)
+
+
+def costed(ran_stages: Sequence[str]) -> Costed | None:
+    """The first stage that ran and is shown over another stage that ran too; None where
+    none is."""
+    for stage in ran_stages:
+        against = stage_as_read(stage).cost_against
+        if against is not None and against in ran_stages:
+            return Costed(stage, against)
+    return None
+
+
 #: A ratio's place: (row, dtype, mode, environment).
 RatioKey = tuple[str, str, str, str]
 
 
-def train_over_forward(cells: Sequence[Any], value: str) -> dict[RatioKey, float]:
-    """The train step's ``value`` (time, peak memory) over the forward pass's, per row,
-    dtype, mode and environment where both were measured (medians where several)."""
+def cost_ratios(cells: Sequence[Any], value: str, pair: Costed | None) -> dict[RatioKey, float]:
+    """The costed stage's ``value`` (time, peak memory) over its baseline's (the train
+    step's over the forward pass's), per row, dtype, mode and environment where both were
+    measured (medians where several); none without a costed stage."""
+    if pair is None:
+        return {}
     found: dict[RatioKey, dict[str, list[float]]] = {}
     for c in cells:
         figure = getattr(c, value)
-        if c.stage in (FORWARD_STAGE, TRAIN_STAGE) and is_number(figure):
+        if c.stage in (pair.stage, pair.against) and is_number(figure):
             key = (c.base_row, c.dtype, c.mode, c.env)
             found.setdefault(key, {}).setdefault(c.stage, []).append(float(figure))
     return {
-        key: statistics.median(by[TRAIN_STAGE]) / statistics.median(by[FORWARD_STAGE])
+        key: statistics.median(by[pair.stage]) / statistics.median(by[pair.against])
         for key, by in found.items()
-        if TRAIN_STAGE in by and FORWARD_STAGE in by and statistics.median(by[FORWARD_STAGE])
+        if pair.stage in by and pair.against in by and statistics.median(by[pair.against])
     }
 
 
@@ -380,12 +410,16 @@ def fit_view(cells: Sequence[Any]) -> FitView | None:
 @dataclass(frozen=True)
 class SideBySide:
     """A case's fixes across the stages it ran: a row per fix (``fixes``) and per fix and
-    column (``columns``), and how the fixes' train steps compare (``across``)."""
+    column (``columns``), and how the fixes' train steps compare (``across``); the stage
+    shown over another's cost (``costed``: the train step over the forward pass), and
+    whether a stage judged by its loss curve ran (``curves``: the fit)."""
 
     stages: list[str]
     fixes: list[dict[str, Any]]
     columns: list[dict[str, Any]]
     across: str | None
+    costed: Costed | None = None
+    curves: bool = False
 
 
 def side_by_side(case_frame: pd.DataFrame) -> SideBySide | None:
@@ -396,8 +430,9 @@ def side_by_side(case_frame: pd.DataFrame) -> SideBySide | None:
     if len(ran_stages) < 2:
         return None
     cells = list(ran(case_frame)[STAGE_COLUMNS].itertuples(index=False))
-    time = train_over_forward(cells, "median_s")
-    memory = train_over_forward(cells, "peak_mem_bytes")
+    pair = costed(ran_stages)
+    time = cost_ratios(cells, "median_s", pair)
+    memory = cost_ratios(cells, "peak_mem_bytes", pair)
     by_row: dict[str, dict[str, list[Any]]] = {}
     by_column: dict[tuple[str, str, str], dict[str, list[Any]]] = {}
     fixes: dict[str, str] = {}
@@ -408,12 +443,14 @@ def side_by_side(case_frame: pd.DataFrame) -> SideBySide | None:
     order = sorted(by_row, key=lambda row: (fixes[row] != CONTROL_FIX, row))
     return SideBySide(
         ran_stages,
-        [fix_row(row, by_row[row], ran_stages, time, memory) for row in order],
+        [fix_row(row, by_row[row], ran_stages, time, memory, pair) for row in order],
         [
             column_row(key, by_column[key], ran_stages, time, memory)
             for key in sorted(by_column, key=lambda k: (order.index(k[0]), column_order(k[1:])))
         ],
-        across_fixes(time, memory),
+        across_fixes(time, memory, pair),
+        pair,
+        any(stage_as_read(stage).loss_curve for stage in ran_stages),
     )
 
 
@@ -423,10 +460,13 @@ def fix_row(
     ran_stages: list[str],
     time: dict[RatioKey, float],
     memory: dict[RatioKey, float],
+    pair: Costed | None,
 ) -> dict[str, Any]:
     """A fix's outcome at each stage, its train step's time and memory over its forward
-    pass's, and its train step's time over the fastest fix's (``vs_fastest``)."""
-    train = [c.vs_fastest for c in by_stage.get(TRAIN_STAGE, []) if is_number(c.vs_fastest)]
+    pass's, and its train step's time over the fastest fix's (``vs_fastest``): the costed
+    stage's (see :func:`costed`)."""
+    shown = by_stage.get(pair.stage, []) if pair else []
+    train = [c.vs_fastest for c in shown if is_number(c.vs_fastest)]
     return {
         "row": row,
         "stages": [stage_outcome(by_stage[s]) if s in by_stage else None for s in ran_stages],
@@ -444,7 +484,10 @@ def column_row(
     memory: dict[RatioKey, float],
 ) -> dict[str, Any]:
     """A fix in one column (``bfloat16/half``): its label at each stage (the worst over
-    the environments), the train step over the forward pass, the fit's figures."""
+    the environments), the train step over the forward pass, the fit's figures (of the
+    stages judged by their loss curve)."""
+    curves = [c for stage, cells in by_stage.items() if stage_as_read(stage).loss_curve
+              for c in cells]  # fmt: skip
     return {
         "row": key[0],
         "dtype": key[1],
@@ -452,14 +495,18 @@ def column_row(
         "stages": [stage_outcome(by_stage[s]) if s in by_stage else None for s in ran_stages],
         "time_ratio": ratio_text([v for k, v in time.items() if k[:3] == key]),
         "memory_ratio": ratio_text([v for k, v in memory.items() if k[:3] == key]),
-        "fit": fit_view(by_stage.get(FIT_STAGE, [])),
+        "fit": fit_view(curves),
     }
 
 
-def across_fixes(time: dict[RatioKey, float], memory: dict[RatioKey, float]) -> str | None:
+def across_fixes(
+    time: dict[RatioKey, float], memory: dict[RatioKey, float], pair: Costed | None
+) -> str | None:
     """``Across fixes, the train step takes 2.1x (sdpa) to 3.4x (none) the forward pass's
     time and ...``: medians per fix over the columns (dtype, mode, environment) that every
     fix compared has, so no fix is ranked on columns the others lack (the fp32 control's)."""
+    if pair is None:
+        return None
     parts = []
     for found, what in ((time, "time"), (memory, "peak memory")):
         per_row = sorted(shared_medians(found).items(), key=lambda item: (item[1], item[0]))
@@ -472,10 +519,10 @@ def across_fixes(time: dict[RatioKey, float], memory: dict[RatioKey, float]) -> 
             span = f"{times(least)} (every fix)"
         else:
             span = f"{times(least)} ({low}) to {times(most)} ({high})"
-        parts.append(f"{span} the forward pass's {what}")
+        parts.append(f"{span} the {pair.against_noun}'s {what}")
     if not parts:
         return None
-    return f"Across fixes, the train step takes {' and '.join(parts)}."
+    return f"Across fixes, the {pair.noun} takes {' and '.join(parts)}."
 
 
 def shared_medians(found: dict[RatioKey, float]) -> dict[str, float]:

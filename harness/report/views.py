@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from harness.report.aggregate import Recommendation
     from harness.report.compare import Comparison
     from harness.report.grouping import EnvironmentSet
-    from harness.report.stages import FitView
+    from harness.report.stages import Costed, FitView
     from harness.schema.run_files import CaseInfo
 
 #: The legend: (label, CSS class, meaning) per outcome label, then the flag's.
@@ -198,8 +198,16 @@ class StagesView:
     fixes: list[StageFixRow]
     columns: list[StageColumnRow]
     across: str | None
-    trained: bool
+    #: The stage shown over another's time and memory (the train step over the forward
+    #: pass), where both ran.
+    costed: Costed | None
+    #: A stage judged by its loss curve ran (the fit): its figures have columns.
     fitted: bool
+
+    @property
+    def trained(self) -> bool:
+        """The cost columns are shown."""
+        return self.costed is not None
 
 
 @dataclass(frozen=True)

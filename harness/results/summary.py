@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from harness.results.computed_in import ComputedIn, computed_in, fix_computed_in
 from harness.results.speed import RecordKey, SpeedRatios, record_key, speed_ratios
 from harness.schema.axes import (
+    CONTROL_FIX,
     DTYPES,
     FORWARD_STAGE,
     MODE_NAMES,
@@ -16,11 +17,11 @@ from harness.schema.axes import (
     SMALL_SIZE,
     STAGES,
     rank,
-    CONTROL_FIX,
 )
 from harness.schema.devices import CPU, device_kind
 from harness.schema.gpus import environment_label
 from harness.schema.records import LABELS, CellRecord, NoteKind, Outcome, outcome_label
+from harness.schema.stages import stage_as_read
 
 SPEED_LEGEND = (
     " (c: ratio to the case's fp32 control, f: to the column's fastest fix that passes with no"
@@ -58,7 +59,9 @@ def row_key(record: CellRecord, show_backend: bool) -> str:
 
 def row_order(records: Sequence[CellRecord], show_backend: bool) -> list[str]:
     """Rows: the upstream path ``none`` first, then fixes by name; backends grouped."""
-    ordered = sorted(records, key=lambda r: (r.cell.fix != CONTROL_FIX, r.cell.fix, r.cell.backend))
+    ordered = sorted(
+        records, key=lambda r: (r.cell.fix != CONTROL_FIX, r.cell.fix, r.cell.backend)
+    )
     return list(dict.fromkeys(row_key(r, show_backend) for r in ordered))
 
 
@@ -150,9 +153,10 @@ def failure_line(record: CellRecord) -> str | None:
 
 
 def step_notes(record: CellRecord) -> list[str]:
-    """A train or fit cell's notes on its steps: the steps its GradScaler skipped, and where
-    its gradients went non-finite."""
-    if record.cell.stage == FORWARD_STAGE:
+    """A train or fit cell's notes on its steps (a stage that trains: a record of a stage not
+    registered here has none): the steps its GradScaler skipped, and where its gradients
+    went non-finite."""
+    if not stage_as_read(record.cell.stage).trains:
         return []
     return [n.text for n in record.notes if n.kind in (NoteKind.SCALER, NoteKind.GRADIENT)]
 
@@ -227,9 +231,10 @@ def noise_statement(timings: Sequence[tuple[bool, float]]) -> str | None:
     )
 
 
-def table_order(key: tuple[str, str, str]) -> tuple[str, int, int]:
-    """Tables by case, then size, then stage (forward, train, fit)."""
-    return key[0], rank(SIZES, key[1]), rank(STAGES, key[2])
+def table_order(key: tuple[str, str, str]) -> tuple[str, int, int, str]:
+    """Tables by case, then size, then stage (forward, train, fit; one not registered here
+    last, by name)."""
+    return key[0], rank(SIZES, key[1]), rank(STAGES, key[2]), key[2]
 
 
 def table_heading(case: str, size: str, stage: str, sized: bool, staged: bool) -> str:
@@ -256,6 +261,7 @@ def render_summary(records: Sequence[CellRecord], names: DeviceNames | None = No
     lines: list[str] = [device_line(records, names), ""] if names and ran else []
     by_speed = speed_text(speed_ratios(records))
     sized = any(r.cell.size != SMALL_SIZE for r in records)
+    # the forward every case has goes unnamed until the run holds another stage
     staged = any(r.cell.stage != FORWARD_STAGE for r in records)
     tables = {(r.cell.case, r.cell.size, r.cell.stage) for r in records}
     for case, size, stage in sorted(tables, key=table_order):
