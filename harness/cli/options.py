@@ -65,10 +65,17 @@ def add_run_options(parser: argparse.ArgumentParser, axes: tuple[Axis, ...]) -> 
             dest=axis.plural,
             action="append",
             metavar="NAME",
-            help=f"only this {axis.name} (repeatable, or comma-separated){axis.flag_help}",
+            help=f"only this {axis.name} (repeatable, or comma-separated){flag_help(axis)}",
         )
     for declared in declared_options(RunConfig):
         add_option(parser, declared)
+
+
+def flag_help(axis: Axis) -> str:
+    """What an axis's flag takes, its ``{values}`` the axis's values as they are when the
+    parser is built: a stage registered after ``harness.schema.axes`` was imported (a
+    stage of one's own) is listed."""
+    return axis.flag_help.replace("{values}", ", ".join(axis.vocabulary))
 
 
 def add_option(parser: argparse.ArgumentParser, declared: Declared) -> None:

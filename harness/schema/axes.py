@@ -269,8 +269,10 @@ class Cell:
         column=True,
         model_default=MODEL_STAGES,
         requests=("all",),
-        flag_help=f"; {', '.join(STAGES)} or all (default: {' and '.join(DEFAULT_STAGES)}, "
-        f"those a case declares; in check: {' and '.join(MODEL_STAGES)})",
+        # {values}: the registered stages when the parser is built (see cli.options)
+        flag_help="; {values} or all "
+        f"(default: {' and '.join(DEFAULT_STAGES)}, those a case declares; "
+        f"in check: {' and '.join(MODEL_STAGES)})",
     )
     #: How a train or fit cell scales its loss (``none``, ``dynamic``, ``static``: see
     #: :data:`SCALERS`), from its recipe's ``scalers``, else the mode's; ``none`` in a forward.
