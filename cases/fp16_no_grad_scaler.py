@@ -14,9 +14,9 @@ weighting, a load-balancing or regularising term): under float16 autocast the au
 head's activation gradients come to about 1e-7, below float16's smallest normal number
 (6.1e-5) and partly below its smallest subnormal (6e-8), so its weight's gradient is mostly
 lost. Nothing raises; only a gradient judged against float64 shows it. bfloat16 has
-float32's range and needs no scaler. The case runs under autocast only: the GradScaler
-recipe keeps float32 weights, and in ``half`` its trusted fix would be the very code under
-test (a GradScaler refuses float16 gradients), so no independent yardstick would judge it.
+float32's range and needs no scaler. The one fix trains scaled and unscaled, two rows of
+one column (its recipe's ``scalers``), where two fixes once repeated the same code. The
+case runs under autocast only: the GradScaler recipe keeps float32 weights.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from harness.measure.authoring.case import (
     Workload,
     fix,
 )
+from harness.measure.authoring.recipes import Recipe
 from harness.measure.authoring.registry import register
 
 #: The auxiliary loss's weight.
@@ -86,7 +87,9 @@ class Fp16NoGradScaler(Case):
         r"(m1 and m2|mat1 and mat2) to have the same dtype",
         silent=(Symptom.BEYOND_YARDSTICK,),
     )
-    reference_fix = "grad-scaler"
+    reference_fix = "none"
+    #: Every cell trained as the AMP recipe trains (a GradScaler) and without it.
+    recipe = Recipe(scalers=("dynamic", "none"))
     modes = ("autocast", "fp32")
     backends = ("eager",)
     stages = ("forward", "train")
@@ -108,15 +111,11 @@ class Fp16NoGradScaler(Case):
         aux = F.mse_loss(output["aux"], targets["aux"].to(output["aux"].dtype))
         return main + AUX_WEIGHT * aux
 
-    @fix("none", rationale="float16 autocast training with no GradScaler", grad_scaler=False)
-    def none(self, w: Workload, ctx: RunContext) -> dict[str, torch.Tensor]:
-        return w.model(w.inputs["x"])
-
     @fix(
-        "grad-scaler",
-        rationale="torch.amp.GradScaler: the loss scaled up before backward, the gradients "
-        "unscaled before the step (the AMP recipe)",
+        "none",
+        rationale="the model trained as it is: with torch.amp.GradScaler (the AMP recipe: the "
+        "loss scaled up before backward, the gradients unscaled before the step) and without",
         upstream="docs/source/notes/amp_examples.rst, Typical Mixed Precision Training",
     )
-    def grad_scaler(self, w: Workload, ctx: RunContext) -> dict[str, torch.Tensor]:
+    def none(self, w: Workload, ctx: RunContext) -> dict[str, torch.Tensor]:
         return w.model(w.inputs["x"])

@@ -175,10 +175,12 @@ def test_float16_training_without_a_scaler_loses_a_small_terms_gradients(
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     records = storage.read_records(only_run_dir(tmp_path))
-    (unscaled,) = cells(records, fix="none", dtype="float16", mode="autocast")
+    trained = cells(records, fix="none", dtype="float16", mode="autocast")
+    by_scaler = {r.cell.scaler: r for r in trained if r.cell.stage == "train"}
+    unscaled, scaled = by_scaler["none"], by_scaler["dynamic"]  # one fix, two rows
     assert unscaled.outcome is Outcome.INACCURATE and unscaled.numerics is not None
+    assert unscaled.reproduces is True
     assert (unscaled.numerics.leaf or "").startswith("grad.aux_head.")  # silent: no error
-    (scaled,) = cells(records, fix="grad-scaler", dtype="float16", mode="autocast")
     assert scaled.outcome is Outcome.PASSES and scaled.numerics is not None
     assert unscaled.numerics.rel_err > 20 * scaled.numerics.rel_err
     assert {r.outcome for r in cells(records, dtype="bfloat16")} == {Outcome.PASSES}
