@@ -71,6 +71,7 @@ def test_the_table_is_the_cells_fields() -> None:
         "backend",
         "compile",
         "stage",
+        "scaler",
     ]
 
 

@@ -277,7 +277,7 @@ def held_backward(
     halved while the gradients are not finite), the gradients left scaled: a GradScaler
     refuses to unscale float16 gradients in place, so they are read unscaled in float32.
     ``noted``: the cell's own scaling, whose skipped steps a note names."""
-    scale, skipped = INIT_SCALE, []
+    scale, skipped = INIT_SCALE, list[float]()
     for _ in range(MAX_BACKOFFS):
         for param in params.values():
             param.grad = None
