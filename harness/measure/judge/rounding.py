@@ -29,19 +29,20 @@ rounding its data does.
 The yardstick measures what the dtype's precision costs, never the failure under test:
 
 * **Gradients as a scaled step holds them.** Where a cell's recipe scales its loss (float16
-  under ``autocast``, with a GradScaler), each module's gradient is rounded in backward as a
+  in every mode: a GradScaler, or for half weights the same scale held by the harness), each
+  module's gradient is rounded in backward as a
   dynamically scaled step holds it: multiplied by the largest power of two, up to the
   GradScaler's initial 2**16, at which it does not overflow, rounded, and divided back
   (exact: a power of two moves only the exponent); and the trusted fix's step, whose
   ``half`` recipe has no scaler, is taken scaled too (``training.held_scaled``). Before, it
   ran unscaled, underflowing as an unscaled step does, and excused the underflow a
   GradScaler exists to prevent: cross-entropy over 16,384 tokens without a scaler, 9.9
-  times as far from float64 as with one, passed. The ``half`` modes' recipe has no scaler
-  (a GradScaler refuses float16 gradients), so their yardstick holds each gradient in
-  float16's range as their step does: rounded scaled, healthy models trained in pure
-  float16 read 15 to 1000 times it (12-layer BERT 22.8, Qwen2 20.5, OPT 15.2; BART loses a
-  whole gradient), a cost of the unscaled recipe, not of the model. Underflow in the
-  forward stays in (no scaler prevents it).
+  times as far from float64 as with one, passed. The ``half`` modes' float16 recipe scales
+  too (:func:`harness.measure.running.training.holds_scale`), so their yardstick rounds
+  each gradient scaled as well; while it trained unscaled, healthy models in pure float16
+  read 15 to 1000 times a scaled yardstick (12-layer BERT 22.8, Qwen2 20.5, OPT 15.2; BART
+  lost a whole gradient), the cost of the unscaled recipe. Underflow in the forward stays
+  in (no scaler prevents it).
 * **Integers the dtype cannot count are not data.** A floating buffer whose values are all
   integers, the largest beyond the dtype's exact integers (2**11 = 2048 for float16, 2**8 =
   256 for bfloat16: ``2 / eps``), holds positions, indices or counts, not measurements:

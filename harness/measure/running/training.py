@@ -4,8 +4,10 @@ precision: the harness, not the case, applies it, so a case cannot forget it.
 - ``autocast``: float32 weights; forward and loss under ``torch.autocast``; backward outside
   it. float16 adds ``torch.amp.GradScaler`` (the loss scaled, the gradients unscaled before
   they are read, as Lightning and accelerate do before clipping); bfloat16 runs without one.
-- ``half``: weights in the dtype, their gradients too (Lightning ``16-true``/``bf16-true``).
-- ``half-autocast``: half weights under autocast.
+- ``half``: weights in the dtype, their gradients too (Lightning ``16-true``/``bf16-true``);
+  float16 at a dynamic loss scale the harness holds (``torch.amp.GradScaler`` refuses to
+  unscale float16 gradients: :func:`holds_scale`).
+- ``half-autocast``: half weights under autocast, scaled as ``half``.
 - ``fp32``, and the float64 reference: plain.
 
 What the step gives back to be judged is the loss and every trainable parameter's gradient,
@@ -58,10 +60,10 @@ _HELD_SCALED: ContextVar[bool] = ContextVar("held_scaled", default=False)
 
 @contextmanager
 def held_scaled() -> Iterator[None]:
-    """While it lasts, a float16 step whose recipe has no GradScaler (half weights) takes
-    its backward as a dynamically scaled step does, and its gradients are read unscaled
-    from the scaled ones (:func:`held_backward`): a yardstick measures what float16's
-    precision costs, not the underflow a GradScaler prevents."""
+    """While it lasts, an unscaled float16 step takes its backward as a dynamically
+    scaled step does, and its gradients are read unscaled from the scaled ones
+    (:func:`held_backward`): a yardstick measures what float16's precision costs, not the
+    underflow a loss scale prevents."""
     token = _HELD_SCALED.set(True)
     try:
         yield
