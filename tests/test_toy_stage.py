@@ -186,6 +186,7 @@ def test_a_toy_stage_runs_and_shows_in_the_records_and_the_report(
     # the stage view: a column per stage that ran, the toy stage's beside the forward's,
     # its cost over the forward pass's in columns headed by the stage's own words
     assert "<th>forward</th><th>twice</th>" in html
+    assert "<code>twice</code> (the fix called twice, the second output judged)" in html
     assert "<th>twice / forward: time</th><th>twice / forward: memory</th>" in html
     assert "<th>second call vs fastest</th>" in html
     assert "The second call's time and peak memory are over the forward pass's" in html

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from harness.schema.records import LABELS, Outcome
+from harness.schema.stages import stage_as_read
 
 if TYPE_CHECKING:
     from harness.report.aggregate import Recommendation
@@ -208,6 +209,11 @@ class StagesView:
     def trained(self) -> bool:
         """The cost columns are shown."""
         return self.costed is not None
+
+    @property
+    def meanings(self) -> list[tuple[str, str]]:
+        """Each stage shown and what a cell of it runs, in the stage's own words."""
+        return [(name, stage_as_read(name).meaning) for name in self.stages]
 
 
 @dataclass(frozen=True)
