@@ -225,6 +225,23 @@ def test_the_note_says_what_was_replayed(clean_registry: None) -> None:
     assert all(not replay_notes(r) for r in dropout)
 
 
+def test_a_compiled_cell_is_judged_along_the_draws_it_made(clean_registry: None) -> None:
+    """Inductor draws as eager torch does around a compiled run, and the cell's eager twin
+    records those draws: stochastic depth in the activations' dtype passes compiled, where
+    judged against float64's own draws it read inaccurate."""
+    records = train_cells(
+        "stochastic-depth-compiled", factory("stochastic-depth", bug=False),
+        dtypes=("bfloat16",), modes=("half",), compiles=("inductor",),
+    )  # fmt: skip
+    compiled = [r for r in records if r.cell.compile == "inductor"]
+    assert [r.cell.dtype for r in compiled] == ["bfloat16", "float32"]
+    for record in compiled:
+        assert outcome_label(record) == "passes", (record.cell, record.numerics, record.notes)
+        assert replay_notes(record) == [
+            "judged against float64 taken again with the cell's 3 random draw(s)"
+        ]
+
+
 def test_top_2_routing_takes_the_cells_choices_within_rounding_only(
     clean_registry: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -211,17 +211,17 @@ def reference_for(
     """The float64 reference a cell is judged against: the case's, or, where the cell drew
     other random numbers than float64 or made a choice otherwise within rounding of the
     other outcome, the reference taken again along the cell's draws and choices, with a
-    note saying what was replayed (see :mod:`harness.measure.running.replay`)."""
+    note saying what was replayed (see :mod:`harness.measure.running.replay`). A compiled
+    cell's draws are its eager twin's (``fix_run.eager_twin_draws``), and its kinks and
+    picks, which Inductor's kernels make out of sight, keep float64's."""
     reference = reference_leaves(piece)
-    if cell.compile != EAGER:
-        return reference, compiled_draws_note(reference_record(piece).draws)
+    compiled = cell.compile != EAGER
     if recorded is None:
-        return reference, None
+        return reference, compiled_draws_note(reference_record(piece).draws) if compiled else None
     dtype = band_dtype(cell)
     stage = stage_of(cell.stage)
-    plan = plan_replay(
-        reference_record(piece), recorded, dtype, stage.replays_kinks, stage.replays_picks
-    )
+    kinks, picks = (False, False) if compiled else (stage.replays_kinks, stage.replays_picks)
+    plan = plan_replay(reference_record(piece), recorded, dtype, kinks, picks)
     if plan is None:
         return reference, None
     along = reference_along(piece, plan, dtype) if plan.draws or plan.choices else None

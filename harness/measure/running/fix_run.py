@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import random
 import warnings
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -201,12 +201,13 @@ def run_fix_checked(
         names = Names.of_workload(ready.model, ready.inputs, keep)
         tracer = DtypeTracer(ctx.dtype, names, watch, root=ready.model)
     recorder = choice_recorder(ctx, compiled, tracer) if record else None
-    output, error, texts = watched_call(
-        lambda: call_in_precision(case, fix, ready, ctx, compiled),
-        watch if watched else None,
-        tracer,
-        recorder,
-    )
+    with draws_as_eager(compiled):
+        output, error, texts = watched_call(
+            lambda: call_in_precision(case, fix, ready, ctx, compiled),
+            watch if watched else None,
+            tracer,
+            recorder,
+        )
     output, forward_output, step_note = step_parts(output)
     trail, drifted, island_note = traced_findings(tracer, forward_output, error, ctx.precision)
     found = (
@@ -219,7 +220,37 @@ def run_fix_checked(
     )
     note = step_note or island_note
     recorded = recorder.recorded.on_cpu() if recorder is not None else None
+    if compiled is not None and record:
+        recorded = eager_twin_draws(case, fix, ctx, keep)
     return FixRun(output, error, tuple(f for f in found if f), trail, texts, note, recorded)
+
+
+def draws_as_eager(compiled: Any) -> AbstractContextManager[Any]:
+    """Around a compiled run: Inductor draws its random numbers as eager torch does (its
+    ``fallback_random``), so the draws an eager run of the same cell records are the
+    compiled run's (:func:`eager_twin_draws`) and float64 can be taken along them; the
+    arithmetic Inductor compiles is unchanged. Nothing around an eager run."""
+    return inductor_fallback_random() if compiled is not None else nullcontext()
+
+
+@contextmanager
+def inductor_fallback_random() -> Iterator[None]:
+    import torch._inductor.config as inductor_config  # only a compiled cell pays its import
+
+    with inductor_config.patch(fallback_random=True):
+        yield
+
+
+def eager_twin_draws(case: Case, fix: str, ctx: RunContext, keep: tuple[str, ...]) -> Recorded:
+    """What a compiled cell drew, recorded from the same cell run eagerly: built from the
+    same seed, it draws what the compiled run drew under :func:`draws_as_eager` (a
+    dispatch mode around a compiled call would make Dynamo run it eagerly). Its draws and
+    the outcomes made on them are kept; its kinks and picks are eager arithmetic's, not the
+    compiled run's, and are not."""
+    recorder = Recorder(kinks=False, reference=False, picks=False)
+    twin = prepared_workload(case, ctx, keep)
+    watched_call(lambda: call_in_precision(case, fix, twin, ctx), None, None, recorder)
+    return recorder.recorded.on_cpu()
 
 
 def choice_recorder(ctx: RunContext, compiled: Any, tracer: DtypeTracer | None) -> Recorder | None:
