@@ -1,0 +1,466 @@
+"""Where a failing cell left float64: the divergence profile, module by module.
+
+A cell that ran and was judged ``inaccurate`` (beyond its tolerance, or non-finite) is
+profiled by one more run, taken only then (never in a cell that passes, never in a timed
+run): the cell's own fix run in float64 on the CPU, with a hook on every module of its
+model. Where a module returns, the same module of two twins of the model is called on
+that module's float64 inputs, rounded to the cell's dtype: the cell's twin (its dtype,
+mode and device, under its autocast) and the rounding yardstick's twin (the float64
+model with its weights rounded, and, where the cell's weights are in the dtype, what each
+module returns rounded: :mod:`harness.measure.judge.rounding`). For each module, in the
+order the modules return, what is kept is figures, never tensors (memory stays what the
+module in hand and the inputs of the modules around it take):
+
+* ``error``: ``max|cell - float64| / max|float64|`` of the floating tensors it returns;
+* ``rounding``: the same for the yardstick's twin;
+* ``ratio``: ``error / max(rounding, eps(dtype) / factor)``: beyond the cell's factor
+  exactly where ``error > max(factor * rounding, eps(dtype))``, the rule a cell's own
+  output is judged by (:func:`harness.measure.judge.numerics.deciding`).
+
+The first module whose ratio crosses the factor, or whose output is non-finite where
+float64's is finite, is the cell's :class:`~harness.schema.divergence.Divergence`. The
+factor is the one the cell's verdict used where the rounding decided it (10); a cell
+judged against a trusted fix's error (factor 3) is profiled against the rounding with the
+rounding's factor, since the profile's yardstick is the rounding.
+
+**Attribution: each module on float64's inputs, not the ratio's growth along the run.**
+The issue named two ways to charge an error to the module that made it and not to
+everything downstream: (a) feed each module float64's inputs rounded to the cell's dtype
+(what this module does), or (b) run the cell, float64 and the yardstick each end to end,
+compare each module's output along the way, and report the growth of the ratio across
+the module. Measured by ``python benchmarks/bench_divergence.py`` (CPU, torch 2.13.0), on
+the 12-layer toy of ``tests/test_divergence.py`` with a variance computed as
+``E[x^2] - E[x]^2`` in block 2's first norm, and on ``t5-wo-keep-fp32`` (fix ``none``),
+both float16 ``half``; the ratio of each module, in the order they return:
+
+  ===================  ==========================  =========================  ===========
+  toy, module          (a) on float64's inputs     (b) along the run          (b) growth
+  ===================  ==========================  =========================  ===========
+  blocks.1 (before)    1.31                        1.88                       1.14
+  blocks.2.norm1 (bug) 4.11e4                      1.5e4                      7.95e3
+  blocks.2.attn.q/k/v  1, 1, 1                     2.02e4, 1.32e4, 1.67e4     1.35, 0.66
+  blocks.2.attn.out    1                           non-finite                 undefined
+  the 96 modules after 1 to 1.82 (but blocks.2     non-finite, every one      undefined
+                       and the model: they hold
+                       the norm, non-finite)
+  ===================  ==========================  =========================  ===========
+
+  t5-wo-keep-fp32: ff.layer_norm, wi, act: (a) 1, 1, 1; (b) 1.3, 1.74, 1; both then name
+  ``ff.DenseReluDense.wo`` (non-finite: 73000 is beyond float16), the module whose
+  ``_keep_in_fp32_modules`` entry is upstream's fix.
+
+Both name the injected module first. (a) names nothing else: the modules after it meet
+float64's own inputs, so the error the norm made is not theirs, and the largest ratio of a
+healthy module is 1.82 (a norm; linears read 1.0), 5.5 times under the factor. (b) reads
+every module after the bug as beyond its rounding (the error carried along, here non-finite
+from the attention's output on), so it says nothing past the first crossing (a fix that
+moves a second bug is hidden behind the first), and its growth across a module is a
+ratio of two large or infinite numbers (0.66 to 1.35 on the projections that follow,
+undefined after), which a norm shrinks and a residual sum grows with no bug of their own.
+(a) also keeps memory bounded without running three processes
+in lockstep: (b) must hold float64's output of every module until the cell's run reaches
+it. What (a) cannot see: an error made between modules, in the fix's own code (a mask
+summed outside any module: no module is charged, and the record says so in a note), and
+one that builds up over many modules each within its rounding (the same). Its cost: a
+module's twin reruns everything inside it, so the profile costs the forward times the depth
+of the module tree, twice (cell and yardstick), plus the float64 run.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils.hooks import RemovableHandle
+
+from harness.measure.authoring.case import Case, RunContext, Workload
+from harness.measure.host import torch_state
+from harness.measure.judge.numerics import DTYPE_FLOOR, ROUNDING_FACTOR, as_float64_cpu
+from harness.measure.judge.references import (
+    float64_run,
+    float64_workload,
+    plain_cell,
+    rounded_workload,
+    workpiece,
+)
+from harness.measure.judge.rounding import (
+    noise_source,
+    round_stored,
+    rounds_activations,
+    stored_rounding,
+)
+from harness.measure.precision.casting import is_kept, map_tensors, split_kept
+from harness.measure.precision.dtypes import TORCH_DTYPES
+from harness.measure.precision.modes import Precision, autocast_region
+from harness.measure.running.errors import MAX_MESSAGE, error_text
+from harness.measure.running.fix_run import context_for, prepared_workload, run_fix_checked
+from harness.schema.axes import EAGER, FORWARD_STAGE, Cell
+from harness.schema.divergence import Divergence
+from harness.schema.records import CellRecord, Note, NoteKind, Numerics, Outcome
+
+Tensors = list[torch.Tensor]
+
+
+@dataclass(frozen=True)
+class ModuleFigures:
+    """One module's return, measured on float64's inputs: its path, class and ``forward``'s
+    site, the cell's error, the yardstick's, their ratio (infinite where the cell's output
+    went non-finite and float64's did not)."""
+
+    path: str
+    kind: str
+    location: str | None
+    error: float
+    rounding: float
+    ratio: float
+
+    @property
+    def finite(self) -> bool:
+        """False where the cell's output went non-finite (a ratio of NaN is a module not
+        measurable: its inputs or its yardstick beyond the dtype's range)."""
+        return not math.isinf(self.ratio)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Every module's figures in the order they returned, the factor they are held to,
+    and the modules that could not be measured (``path: why``)."""
+
+    modules: tuple[ModuleFigures, ...]
+    factor: float
+    unmeasured: tuple[str, ...] = ()
+
+    def first_beyond(self) -> Divergence | None:
+        """The first module beyond its rounding by more than the factor, or non-finite."""
+        for index, figures in enumerate(self.modules):
+            if math.isnan(figures.ratio) or (figures.finite and figures.ratio <= self.factor):
+                continue
+            before = self.modules[index - 1].ratio if index else None
+            return Divergence(
+                module=figures.path,
+                kind=figures.kind,
+                location=figures.location,
+                op=None,
+                ratio=figures.ratio,
+                ratio_before=before,
+                factor=self.factor,
+                direction="forward",
+            )
+        return None
+
+
+def profiled(case: Case, cell: Cell, record: CellRecord) -> CellRecord:
+    """``record`` with its divergence where it is a cell the profile is for
+    (:func:`wants_profile`); a profile that fails, or finds no module, leaves the verdict
+    as it is and says why in one note."""
+    if not wants_profile(cell, record) or record.numerics is None:
+        return record
+    try:
+        with torch_state.restored([]):
+            found = profile(case, cell, profile_factor(record.numerics)).first_beyond()
+    except Exception as error:  # the verdict stands whatever the profile does
+        text = f"{type(error).__name__}: {error_text(error)}".splitlines()[0]
+        return record.noted(
+            Note(NoteKind.DIVERGENCE, f"no divergence profile: {text}"[:MAX_MESSAGE])
+        )
+    if found is None:
+        return record.noted(Note(NoteKind.DIVERGENCE, NO_MODULE))
+    return replace(record, divergence=found)
+
+
+NO_MODULE = (
+    "no module went beyond its rounding on float64's inputs: the error is made between "
+    "modules (in the fix's own code), or builds up over many"
+)
+
+
+def wants_profile(cell: Cell, record: CellRecord) -> bool:
+    """A forward cell, eager, that ran and was judged inaccurate on its output's values (a
+    misshapen output has none to compare module by module)."""
+    return (
+        cell.stage == FORWARD_STAGE
+        and cell.compile == EAGER
+        and record.outcome is Outcome.INACCURATE
+        and record.numerics is not None
+        and record.error_type is None
+    )
+
+
+def profile_factor(numerics: Numerics) -> float:
+    """The factor the cell's verdict held it to, where the rounding decided it; else the
+    rounding's own factor (the profile's yardstick is always the rounding)."""
+    by_rounding = (numerics.decided_by or "").startswith("rounding")
+    return numerics.factor if by_rounding and numerics.factor else ROUNDING_FACTOR
+
+
+def profile(case: Case, cell: Cell, factor: float) -> Profile:
+    """Each module of the cell's fix, in float64 on the CPU, against its cell's and its
+    yardstick's twin on the same inputs (see the module docstring)."""
+    keep = case.kept_by(cell.fix)
+    ctx = context_for(case, cell, observe=False)
+    piece = workpiece(cell)._replace(fix=cell.fix)
+    reference = float64_workload(piece)
+    if not isinstance(reference.model, nn.Module):
+        raise TypeError("the workload's model is not an nn.Module: it has no modules to profile")
+    float64_ctx = context_for(
+        case, plain_cell(case, "float64", cell.size, backend=piece.backend, stage=cell.stage)
+    )
+    stick = rounded_workload(case, float64_ctx, cell.dtype, keep)
+    model_keep = split_kept(keep, reference.inputs)[0]
+    twins = Twins(
+        cell=modules_called(case, cell.fix, ctx, prepared_workload(case, ctx, keep)),
+        stick=stick.model,
+        precision=ctx.precision,
+        dtype=cell.dtype,
+        keep=model_keep,
+        activations=rounds_activations(cell.mode),
+        stage=cell.stage,
+    )
+    measuring = Measuring(twins, factor)
+    with hooked(reference.model, measuring.entered, measuring.returned):
+        run = float64_run(piece, reference, record=False)
+    if run.error is not None:
+        raise run.error
+    return Profile(tuple(measuring.figures), factor, tuple(measuring.unmeasured))
+
+
+def modules_called(case: Case, fix: str, ctx: RunContext, workload: Workload) -> dict[str, nn.Module]:
+    """The modules the cell's own run calls, by path: a fix may call a copy of its model
+    (``Workload.fresh_model``) and change it (T5's ``wo`` cast to half in a copy), so its
+    twin is the module the cell ran, which a run of the cell finds (its hooks go with a
+    deep copy); a module it did not call is the prepared model's."""
+    assert isinstance(workload.model, nn.Module)
+    called = dict(workload.model.named_modules())
+
+    def entered(path: str, module: nn.Module, args: Any, kwargs: Any) -> None:
+        called[path] = module
+
+    with hooked(workload.model, entered, None):
+        run_fix_checked(case, fix, ctx, trace=False, workload=workload, record=False)
+    return called
+
+
+Entered = Callable[[str, nn.Module, Any, Any], None]
+Returned = Callable[[str, nn.Module, Any, Any, Any], None]
+
+
+@contextmanager
+def hooked(model: nn.Module, entered: Entered, returned: Returned | None) -> Iterator[None]:
+    """While it lasts, ``entered`` (and ``returned``) called with each module's path as a
+    module of ``model`` is entered (and returns); a scripted module takes no hooks. The
+    hooks are closures, which a deep copy of the model shares (``copy.deepcopy`` keeps a
+    function as it is): a copy the fix makes calls them with the same paths. Those of a
+    copy stay on it (a copy made in the run is dropped with it)."""
+    handles: list[RemovableHandle] = []
+    try:
+        for path, module in model.named_modules():
+            if isinstance(module, torch.jit.ScriptModule):
+                continue
+            handles.append(module.register_forward_pre_hook(on_entry(path, entered), with_kwargs=True))
+            if returned is not None:
+                handles.append(
+                    module.register_forward_hook(on_return(path, returned), with_kwargs=True)
+                )
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def on_entry(path: str, entered: Entered) -> Callable[[nn.Module, Any, Any], None]:
+    def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
+        entered(path, module, args, kwargs)
+
+    return hook
+
+
+def on_return(path: str, returned: Returned) -> Callable[[nn.Module, Any, Any, Any], None]:
+    def hook(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        returned(path, module, args, kwargs, output)
+
+    return hook
+
+
+@dataclass
+class Twins:
+    """The cell's model and the yardstick's, whose modules are called on float64's inputs."""
+
+    cell: dict[str, nn.Module]
+    stick: nn.Module
+    precision: Precision
+    dtype: str
+    keep: tuple[str, ...]
+    activations: bool
+    stage: str
+    noise: torch.Generator = field(default_factory=noise_source)
+
+    def cell_output(self, path: str, args: Any, kwargs: Any) -> Any:
+        """The cell's module on the inputs rounded to the cell's dtype, as the cell holds
+        them (its compute dtype; float32 inside a part kept in float32), on its device,
+        under its autocast, out of the float64 run's dispatch modes."""
+        module = self.cell[path]
+        held = held_dtype(module, self.precision.compute_dtype)
+        dtype, device = TORCH_DTYPES[self.dtype], self.precision.device
+
+        def as_cell(tensor: torch.Tensor) -> torch.Tensor:
+            if not tensor.is_floating_point():
+                return tensor.to(device)
+            return tensor.to(dtype).to(device=device, dtype=held)
+
+        with _disable_current_modes(), torch.no_grad(), autocast_region(self.precision):
+            inputs = map_tensors((args, kwargs), as_cell, same_module)
+            return module(*inputs[0], **inputs[1])
+
+    def stick_output(self, path: str, args: Any, kwargs: Any) -> Any:
+        """The yardstick's module on the inputs rounded to the cell's dtype, in float64,
+        rounding what it and the modules in it return as the yardstick's run does."""
+
+        def rounded(tensor: torch.Tensor) -> torch.Tensor:
+            return round_stored(tensor, self.dtype, self.noise)
+
+        inputs = map_tensors((args, kwargs), rounded, same_module)
+        module = self.stick.get_submodule(path)
+        with self.rounding(path, module):
+            return module(*inputs[0], **inputs[1])
+
+    def rounding(self, path: str, module: nn.Module) -> AbstractContextManager[Any]:
+        """The yardstick's rounding of what ``module`` (at ``path``) and those in it
+        return: none in a part kept in float32."""
+        if is_kept(path, self.keep):
+            return nullcontext()
+        inside = tuple(
+            k[len(path) + 1 :] if path else k
+            for k in self.keep
+            if not path or k.startswith(path + ".")
+        )
+        return stored_rounding(module, self.dtype, inside, self.activations, self.stage)
+
+
+def held_dtype(module: nn.Module, compute: torch.dtype) -> torch.dtype:
+    """The dtype a module's inputs are held in: its own floating weights' (a part kept in
+    float32, a part a fix cast), else the cell's compute dtype."""
+    for tensor in (*module.parameters(), *module.buffers()):
+        if tensor.is_floating_point():
+            return tensor.dtype
+    return compute
+
+
+def beyond_range(inputs: Any, dtype: str) -> bool:
+    """Whether a finite floating input is beyond ``dtype``'s range: the cell cannot hold
+    its inputs, and the module is not measurable (the overflow was upstream's)."""
+    largest = torch.finfo(TORCH_DTYPES[dtype]).max
+    tensors = [t for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)]
+    with _disable_current_modes():
+        return any(
+            bool((t.isfinite() & (t.abs() > largest)).any())
+            for t in tensors
+            if t.is_floating_point()
+        )
+
+
+def same_module(module: nn.Module) -> nn.Module:
+    return module
+
+
+@dataclass
+class Measuring:
+    """The hooks of the float64 run: each module's inputs kept as it is entered (cloned:
+    its forward may change them in place), and, as it returns, its twins called on them and
+    compared with what it returned. A module that cannot be measured (its twin raises, or
+    returns other tensors) is named in ``unmeasured``; the hooks never raise."""
+
+    twins: Twins
+    factor: float
+    figures: list[ModuleFigures] = field(default_factory=list)
+    unmeasured: list[str] = field(default_factory=list)
+    entered_with: list[tuple[nn.Module, Any]] = field(default_factory=list)
+
+    def entered(self, path: str, module: nn.Module, args: Any, kwargs: Any) -> None:
+        with _disable_current_modes():
+            kept = map_tensors((args, kwargs), lambda t: t.detach().clone(), same_module)
+        self.entered_with.append((module, kept))
+
+    def returned(self, path: str, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        inputs = self.inputs_of(module)
+        if inputs is None:
+            return
+        try:
+            measured = self.measured(path, module, inputs, output)
+        except Exception as error:
+            self.unmeasured.append(f"{path or 'the model'}: {type(error).__name__}")
+            return
+        if measured is not None:
+            self.figures.append(measured)
+
+    def inputs_of(self, module: nn.Module) -> Any:
+        """The inputs ``module`` was entered with (those of a module that raised before
+        returning dropped)."""
+        while self.entered_with:
+            entered, inputs = self.entered_with.pop()
+            if entered is module:
+                return inputs
+        return None
+
+    def measured(
+        self, path: str, module: nn.Module, inputs: Any, output: Any
+    ) -> ModuleFigures | None:
+        reference = floating(output)
+        if not reference:
+            return None  # nothing floating returned: nothing to compare
+        args, kwargs = inputs
+        site = (path, type(module).__name__, forward_site(module))
+        if beyond_range(inputs, self.twins.dtype):
+            return ModuleFigures(*site, math.nan, math.nan, math.nan)
+        error = compared(floating(self.twins.cell_output(path, args, kwargs)), reference)
+        rounding = compared(floating(self.twins.stick_output(path, args, kwargs)), reference)
+        floor = DTYPE_FLOOR[TORCH_DTYPES[self.twins.dtype]] / self.factor
+        ratio = error / max(rounding, floor) if math.isfinite(rounding) else math.nan
+        return ModuleFigures(*site, error, rounding, ratio)
+
+
+def floating(output: Any) -> Tensors:
+    """The floating tensors in what a module returned, in pytree order."""
+    leaves = pytree.tree_leaves(output)
+    return [t for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def compared(outputs: Tensors, reference: Tensors) -> float:
+    """``max|output - reference| / max|reference|`` over all the tensors (the reference's
+    finite values), infinite where an output is non-finite and the reference is not there
+    (the same infinity in both is no error); ``ValueError`` for other tensors than the
+    reference's."""
+    if len(outputs) != len(reference):
+        raise ValueError(f"returned {len(outputs)} tensors, float64 {len(reference)}")
+    worst, scale = 0.0, 0.0
+    with _disable_current_modes():
+        for output, expected in zip(outputs, reference, strict=True):
+            if output.shape != expected.shape:
+                raise ValueError(f"returned shape {tuple(output.shape)}, float64 {tuple(expected.shape)}")
+            got, want = as_float64_cpu(output), as_float64_cpu(expected)
+            diff = torch.where(got == want, 0.0, (got - want).abs()).nan_to_num(math.inf, math.inf)
+            worst = max(worst, float(diff.max()) if diff.numel() else 0.0)
+            finite = want[torch.isfinite(want)]
+            scale = max(scale, float(finite.abs().max()) if finite.numel() else 0.0)
+    if not math.isfinite(worst):
+        return math.inf
+    return worst / scale if scale > 0 else worst
+
+
+def forward_site(module: nn.Module) -> str | None:
+    """Where ``module``'s ``forward`` is defined, ``file.py:LINE``; None without source."""
+    forward: Callable[..., Any] = inspect.unwrap(type(module).forward)
+    try:
+        source = inspect.getsourcefile(forward)
+        line = inspect.getsourcelines(forward)[1]
+    except (OSError, TypeError):
+        return None
+    return f"{Path(source).name}:{line}" if source else None
