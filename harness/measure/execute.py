@@ -18,6 +18,7 @@ import torch
 
 from harness.measure.authoring import registry
 from harness.measure.host import torch_state
+from harness.measure.judge.divergence import profiled
 from harness.measure.judge.judging import classify
 from harness.measure.running.crashes import backend_note, crashed, with_changes
 from harness.measure.running.errors import ReferenceFailed, WorkloadFailed
@@ -47,6 +48,7 @@ def run_cell(cell: Cell, worker: str | None = None, trace: bool = True) -> CellR
             run = run_fix_checked(case, cell.fix, ctx, trace, cell.compile)
         record = replace(record, attn_dtypes=ctx.observation.summary())
         record = classify(case, cell, run, record)
+        record = profiled(case, cell, record)
     except ReferenceFailed as failure:
         record = crashed(record, CrashKind.REFERENCE_FAILED, failure.error, case)
     except WorkloadFailed as failure:

@@ -8,10 +8,14 @@ from harness.schema.records import CellRecord, Outcome, outcome_label
 
 
 def progress_label(record: CellRecord) -> str:
-    """The outcome label, and for a cell that did not pass, the error in one line."""
+    """The outcome label, and for a cell that did not pass, where it left float64 (its
+    divergence: ``inaccurate: first beyond rounding at blocks.7.ffn (Mlp, toy.py:41), 140x
+    (was 2.1x)``) and the error in one line."""
     label = outcome_label(record)
     if record.outcome is Outcome.PASSES:
         return label
+    if record.divergence is not None:
+        label = f"{label}: {record.divergence.describe()}"
     detail = failure_line(record)
     return f"{label}  {detail}" if detail else label
 

@@ -16,6 +16,7 @@ from functools import cache
 from typing import Any
 
 from harness.schema.axes import Cell
+from harness.schema.divergence import Divergence
 from harness.schema.perf_records import LAUNCH_BOUND as LAUNCH_BOUND
 from harness.schema.perf_records import FitFigures as FitFigures
 from harness.schema.perf_records import Perf as Perf
@@ -111,6 +112,9 @@ class NoteKind(str, Enum):
     #: A training step's gradients were not finite: the first parameter whose gradient went
     #: so, and the first backward node that made one from finite gradients.
     GRADIENT = "gradient"
+    #: Why a failing cell has no divergence profile (it could not be taken, or no module
+    #: went beyond its rounding), in one line.
+    DIVERGENCE = "divergence"
     #: The notes of a record of schema 3 or older, stored joined in one text: their kinds
     #: were not recorded (and a note's own text may hold ``"; "``, so they are not split).
     JOINED = "joined"
@@ -216,6 +220,7 @@ TYPED_FIELDS = (
     "crash_kind",
     "trail",
     "fit",
+    "divergence",
     "out_dtypes",
     "attn_dtypes",
     "settings_changes",
@@ -288,6 +293,9 @@ class CellRecord:
     fit: FitFigures | None = None
     #: torch's global settings the cell's own code changed (and the harness put back).
     settings_changes: tuple[SettingChange, ...] = ()
+    #: A cell that ran and did not pass: the first module beyond its rounding (None where
+    #: not profiled; absent from records written before the profile).
+    divergence: Divergence | None = None
 
     @property
     def notes_text(self) -> str | None:
@@ -325,7 +333,7 @@ class CellRecord:
                 )
             elif f.name == "trail":
                 data.update(value.to_dict() if value else Trail().to_dict())
-            elif f.name == "fit":
+            elif f.name in ("fit", "divergence"):
                 data[f.name] = value.to_dict() if value else None
             else:
                 data[f.name] = value.value if isinstance(value, Enum) else value
@@ -385,6 +393,9 @@ class CellRecord:
             crash_kind=member(CrashKind, crash_kind, "crash_kind") if crash_kind else None,
             trail=Trail.from_dict(data),
             fit=FitFigures.from_dict(data["fit"]) if data.get("fit") is not None else None,
+            divergence=Divergence.from_dict(data["divergence"])
+            if data.get("divergence") is not None
+            else None,
         )
         record = built(cls, typed | nested | plain)
         check_fields(record)

@@ -142,7 +142,7 @@ class Profile:
     def first_beyond(self) -> Divergence | None:
         """The first module beyond its rounding by more than the factor, or non-finite."""
         for index, figures in enumerate(self.modules):
-            if math.isnan(figures.ratio) or (figures.finite and figures.ratio <= self.factor):
+            if not beyond(figures, self.factor):
                 continue
             before = self.modules[index - 1].ratio if index else None
             return Divergence(
@@ -158,6 +158,11 @@ class Profile:
         return None
 
 
+def beyond(figures: ModuleFigures, factor: float) -> bool:
+    """Non-finite, or beyond the factor (a module not measurable is neither)."""
+    return not figures.finite or figures.ratio > factor
+
+
 def profiled(case: Case, cell: Cell, record: CellRecord) -> CellRecord:
     """``record`` with its divergence where it is a cell the profile is for
     (:func:`wants_profile`); a profile that fails, or finds no module, leaves the verdict
@@ -166,7 +171,8 @@ def profiled(case: Case, cell: Cell, record: CellRecord) -> CellRecord:
         return record
     try:
         with torch_state.restored([]):
-            found = profile(case, cell, profile_factor(record.numerics)).first_beyond()
+            taken = profile(case, cell, profile_factor(record.numerics), whole=False)
+        found = taken.first_beyond()
     except Exception as error:  # the verdict stands whatever the profile does
         text = f"{type(error).__name__}: {error_text(error)}".splitlines()[0]
         return record.noted(
@@ -202,9 +208,10 @@ def profile_factor(numerics: Numerics) -> float:
     return numerics.factor if by_rounding and numerics.factor else ROUNDING_FACTOR
 
 
-def profile(case: Case, cell: Cell, factor: float) -> Profile:
+def profile(case: Case, cell: Cell, factor: float, whole: bool = True) -> Profile:
     """Each module of the cell's fix, in float64 on the CPU, against its cell's and its
-    yardstick's twin on the same inputs (see the module docstring)."""
+    yardstick's twin on the same inputs (see the module docstring); without ``whole``,
+    those up to the first beyond the factor (the rest of the run measures nothing)."""
     keep = case.kept_by(cell.fix)
     ctx = context_for(case, cell, observe=False)
     piece = workpiece(cell)._replace(fix=cell.fix)
@@ -225,7 +232,7 @@ def profile(case: Case, cell: Cell, factor: float) -> Profile:
         activations=rounds_activations(cell.mode),
         stage=cell.stage,
     )
-    measuring = Measuring(twins, factor)
+    measuring = Measuring(twins, factor, whole)
     with hooked(reference.model, measuring.entered, measuring.returned):
         run = float64_run(piece, reference, record=False)
     if run.error is not None:
@@ -233,7 +240,9 @@ def profile(case: Case, cell: Cell, factor: float) -> Profile:
     return Profile(tuple(measuring.figures), factor, tuple(measuring.unmeasured))
 
 
-def modules_called(case: Case, fix: str, ctx: RunContext, workload: Workload) -> dict[str, nn.Module]:
+def modules_called(
+    case: Case, fix: str, ctx: RunContext, workload: Workload
+) -> dict[str, nn.Module]:
     """The modules the cell's own run calls, by path: a fix may call a copy of its model
     (``Workload.fresh_model``) and change it (T5's ``wo`` cast to half in a copy), so its
     twin is the module the cell ran, which a run of the cell finds (its hooks go with a
@@ -265,7 +274,9 @@ def hooked(model: nn.Module, entered: Entered, returned: Returned | None) -> Ite
         for path, module in model.named_modules():
             if isinstance(module, torch.jit.ScriptModule):
                 continue
-            handles.append(module.register_forward_pre_hook(on_entry(path, entered), with_kwargs=True))
+            handles.append(
+                module.register_forward_pre_hook(on_entry(path, entered), with_kwargs=True)
+            )
             if returned is not None:
                 handles.append(
                     module.register_forward_hook(on_return(path, returned), with_kwargs=True)
@@ -380,17 +391,25 @@ class Measuring:
 
     twins: Twins
     factor: float
+    #: Measure every module; else stop at the first beyond the factor.
+    whole: bool = True
     figures: list[ModuleFigures] = field(default_factory=list)
     unmeasured: list[str] = field(default_factory=list)
     entered_with: list[tuple[nn.Module, Any]] = field(default_factory=list)
 
+    @property
+    def done(self) -> bool:
+        return not self.whole and bool(self.figures) and beyond(self.figures[-1], self.factor)
+
     def entered(self, path: str, module: nn.Module, args: Any, kwargs: Any) -> None:
+        if self.done:
+            return
         with _disable_current_modes():
             kept = map_tensors((args, kwargs), lambda t: t.detach().clone(), same_module)
         self.entered_with.append((module, kept))
 
     def returned(self, path: str, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-        inputs = self.inputs_of(module)
+        inputs = None if self.done else self.inputs_of(module)
         if inputs is None:
             return
         try:
@@ -444,7 +463,9 @@ def compared(outputs: Tensors, reference: Tensors) -> float:
     with _disable_current_modes():
         for output, expected in zip(outputs, reference, strict=True):
             if output.shape != expected.shape:
-                raise ValueError(f"returned shape {tuple(output.shape)}, float64 {tuple(expected.shape)}")
+                raise ValueError(
+                    f"returned shape {tuple(output.shape)}, float64 {tuple(expected.shape)}"
+                )
             got, want = as_float64_cpu(output), as_float64_cpu(expected)
             diff = torch.where(got == want, 0.0, (got - want).abs()).nan_to_num(math.inf, math.inf)
             worst = max(worst, float(diff.max()) if diff.numel() else 0.0)
