@@ -18,7 +18,7 @@ from torch import nn
 from harness.measure import execute
 from harness.measure.authoring.model_case import Matrix, model_case
 from harness.measure.judge.numerics import ROUNDING_FACTOR, rounding_ratio
-from harness.measure.judge.rounding import rounding_outputs, stored_rounding
+from harness.measure.judge.rounding import round_stored, rounding_outputs, stored_rounding
 from harness.measure.running import replay
 from harness.runner.matrix import expand
 from harness.schema.axes import TRAIN_STAGE
@@ -181,10 +181,11 @@ def test_a_simulated_rounding_moves_the_gradient_by_noise_of_its_own() -> None:
 
 
 def test_under_autocast_a_float16_gradient_is_rounded_as_the_scaled_recipe_holds_it() -> None:
-    """float16 autocast trains with a GradScaler: a gradient of 1e-7, below float16's
-    smallest normal number, is held scaled (2**16 times larger) and keeps its precision in
-    the yardstick, so an unscaled step that loses it is not excused; the half modes'
-    recipe has no scaler, and their yardstick holds it unscaled, as their step does."""
+    """float16 trains with a dynamic loss scale (a GradScaler under autocast, one the
+    harness holds for half weights): a gradient of 1e-7, below float16's smallest normal
+    number, is held scaled (2**16 times larger) and keeps its precision in the yardstick of
+    both, so an unscaled step that loses it is not excused; stored unscaled, it would have
+    lost it."""
     model = nn.Linear(8, 8).double()
     x = torch.randn(4, 8, dtype=torch.float64)
     upstream = torch.full((4, 8), 1e-7, dtype=torch.float64)
@@ -197,10 +198,13 @@ def test_under_autocast_a_float16_gradient_is_rounded_as_the_scaled_recipe_holds
         assert model.bias.grad is not None
         return (model.bias.grad / 4e-7 - 1).abs().max().item()
 
-    scaled = stored_rounding(model, "float16", (), activations=False, stage=TRAIN_STAGE)
-    assert bias_grad_error(scaled) <= 2.0**-11
-    unscaled = stored_rounding(model, "float16", (), activations=True, stage=TRAIN_STAGE)
-    assert bias_grad_error(unscaled) > 1e-2
+    autocast = stored_rounding(model, "float16", (), activations=False, stage=TRAIN_STAGE)
+    assert bias_grad_error(autocast) <= 2.0**-11
+    half = stored_rounding(model, "float16", (), activations=True, stage=TRAIN_STAGE)
+    assert bias_grad_error(half) <= 2.0**-11
+    noise = torch.Generator().manual_seed(0)
+    unscaled = round_stored(torch.full((4,), 1e-7, dtype=torch.float64), "float16", noise)
+    assert (unscaled.sum() / 4e-7 - 1).abs().item() > 1e-2
 
 
 class BiasedAttention(nn.Module):
