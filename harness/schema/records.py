@@ -32,6 +32,7 @@ from harness.schema.typed import (
     member,
     with_numbers,
 )
+from harness.schema.versions import checked_version
 
 #: Bumped whenever a record's fields change meaning; readers refuse newer versions.
 #: 3: numerics name their yardsticks (``rounding_rel_err``, ``decided_by``, ``factor``;
@@ -357,12 +358,7 @@ class CellRecord:
         """``from_dict``'s work: a field that is absent raises ``KeyError``, one that does
         not fit its type ``TypeError`` or ``ValueError``."""
         data = as_mapping(data, "record")
-        version = data.get("schema_version")
-        if not isinstance(version, int) or isinstance(version, bool) or version > SCHEMA_VERSION:
-            raise ValueError(
-                f"schema_version {version!r} is not supported (this ampmatrix reads up to "
-                f"{SCHEMA_VERSION}); upgrade ampmatrix to read it"
-            )
+        version = checked_version(data, SCHEMA_VERSION)
         if version < SCHEMA_VERSION:
             from harness.schema.migrations import migrated  # it reads this module's enums
 

@@ -22,23 +22,14 @@ from typing import Any, ClassVar
 from harness.schema.axes import Cell
 from harness.schema.config import RunConfig
 from harness.schema.typed import Check, as_mapping, compiled, mismatch
-
-#: The key of a file's version, as in each record.
-VERSION_KEY = "schema_version"
+from harness.schema.versions import VERSION_KEY as VERSION_KEY
+from harness.schema.versions import checked_version
 
 
 def file_version(data: dict[str, Any], newest: int) -> int:
     """The version ``data`` declares: 1 where it has none (written before the files had
     versions). A ``ValueError`` for a version newer than ``newest`` or not a number."""
-    version = data.get(VERSION_KEY, 1)
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise ValueError(mismatch(VERSION_KEY, "a version number", version))
-    if version > newest:
-        raise ValueError(
-            f"{VERSION_KEY} {version} is newer than this ampmatrix reads (up to {newest}); "
-            "upgrade ampmatrix to read it"
-        )
-    return version
+    return checked_version(data, newest, absent=1)
 
 
 def json_object(data: Any) -> dict[str, Any]:

@@ -1,0 +1,75 @@
+"""One piece of machinery per promise: one version check for records and the run folder's
+files, and one loop streaming results back from a forked child."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.results import storage
+from harness.schema.axes import Cell
+from harness.schema.records import SCHEMA_VERSION, CellRecord, MalformedRecord, Outcome
+from harness.schema.run_files import Environment, RunPlan
+from harness.schema.versions import VERSION_KEY, checked_version
+
+RECORD = CellRecord(
+    cell=Cell(case="c", fix="none", device="cpu", dtype="float16", mode="autocast", backend="sdpa"),
+    outcome=Outcome.PASSES,
+    torch_version="2.13.0",
+)
+
+
+def record_refusal(version: Any) -> str:
+    data = {**RECORD.to_dict(), VERSION_KEY: version}
+    with pytest.raises(MalformedRecord) as refused:
+        CellRecord.from_dict(data)
+    return str(refused.value)
+
+
+def file_refusal(read: Callable[[Any], Any], version: Any) -> str:
+    with pytest.raises(ValueError) as refused:
+        read({VERSION_KEY: version, "cells": [], "skipped": []})
+    return str(refused.value)
+
+
+def newer_than(newest: int) -> str:
+    return (
+        f"schema_version {newest + 1} is newer than this ampmatrix reads (up to {newest}); "
+        "upgrade ampmatrix to read it"
+    )
+
+
+def test_records_and_run_files_refuse_a_newer_version_in_the_same_words() -> None:
+    assert record_refusal(SCHEMA_VERSION + 1) == newer_than(SCHEMA_VERSION)
+    assert file_refusal(Environment.from_dict, Environment.VERSION + 1) == newer_than(
+        Environment.VERSION
+    )
+    assert file_refusal(RunPlan.from_dict, RunPlan.VERSION + 1) == newer_than(RunPlan.VERSION)
+
+
+@pytest.mark.parametrize("version", ["6", True, 0, -1, 2.0, [6]])
+def test_what_is_no_version_number_is_refused_alike_in_records_and_files(version: Any) -> None:
+    message = record_refusal(version)
+    assert message.startswith("schema_version: expected a version number, got ")
+    assert file_refusal(Environment.from_dict, version) == message
+    assert file_refusal(RunPlan.from_dict, version) == message
+
+
+def test_a_file_without_a_version_is_read_as_its_first_a_record_is_refused() -> None:
+    assert checked_version({}, 2, absent=1) == 1
+    assert Environment.from_dict({"torch_version": "2.4.1"}).torch_version == "2.4.1"
+    assert record_refusal(None) == "schema_version: expected a version number, got NoneType None"
+
+
+def test_a_stored_record_of_a_newer_schema_is_named_by_file_and_line(tmp_path: Path) -> None:
+    storage.append_record(tmp_path, RECORD)
+    cells = tmp_path / storage.CELLS_FILE
+    mine = f'"{VERSION_KEY}": {SCHEMA_VERSION}'
+    assert mine in cells.read_text()
+    cells.write_text(cells.read_text().replace(mine, f'"{VERSION_KEY}": {SCHEMA_VERSION + 1}'))
+    problems: list[str] = []
+    assert storage.read_record_lines(tmp_path, problems) == []
+    assert problems == [f"{cells}:1: {newer_than(SCHEMA_VERSION)}"]
