@@ -24,7 +24,7 @@ from harness.measure.judge import divergence
 from harness.runner.matrix import expand
 from harness.runner.progress import progress_label
 from harness.schema.axes import FORWARD_STAGE, Cell
-from harness.schema.divergence import Divergence
+from harness.schema.divergence import Divergence, ModuleRatio, Profile
 from harness.schema.records import CellRecord, MalformedRecord, NoteKind, Outcome
 from harness.schema.typed import finite_json
 
@@ -200,6 +200,23 @@ def test_the_profile_names_the_injected_module(bug: str, depth: int, dtype: str)
     assert found.direction == "forward" and found.op is None
     assert f"inaccurate: {found.describe()}" in progress_label(record)
     assert f"at {injected(bug, depth)} ({kind.__name__}, " in found.describe()
+    assert_the_series_is_whole(record, found)
+
+
+def assert_the_series_is_whole(record: CellRecord, found: Divergence) -> None:
+    """The record's profile holds every module of the toy that is called (a ModuleList is
+    not), each once, the model last, and the divergence is its first ratio beyond the factor
+    (with the one before it)."""
+    assert record.profile is not None and record.profile.factor == found.factor
+    series = record.profile.forward
+    modules = [m.module for m in series]
+    model = toy(None, 0)()[0]
+    called = [p for p, m in model.named_modules() if not isinstance(m, nn.ModuleList)]
+    assert sorted(modules) == sorted(called)
+    assert modules[-1] == ""
+    first = next(i for i, m in enumerate(series) if not m.ratio <= found.factor)
+    assert series[first] == ModuleRatio(found.module, found.ratio)
+    assert series[first - 1].ratio == found.ratio_before
 
 
 @pytest.mark.parametrize(
@@ -266,8 +283,9 @@ def test_the_divergence_is_a_typed_field_of_the_record() -> None:
         CellRecord.from_dict(json.loads(json.dumps(finite_json(data), allow_nan=False))).divergence
         == non_finite
     )
-    older = {k: v for k, v in record.to_dict().items() if k != "divergence"}
+    older = {k: v for k, v in record.to_dict().items() if k not in ("divergence", "profile")}
     assert CellRecord.from_dict(older).divergence is None
+    assert CellRecord.from_dict(older).profile is None
     with pytest.raises(MalformedRecord, match=r"divergence\.direction"):
         CellRecord.from_dict(
             dict(record.to_dict(), divergence=dict(found.to_dict(), direction="sideways"))
@@ -276,3 +294,32 @@ def test_the_divergence_is_a_typed_field_of_the_record() -> None:
         found.describe()
         == "first beyond rounding at blocks.2.norm1 (LayerNorm, toy.py:44), 4.1e+04x (was 1.3x)"
     )
+
+
+def test_the_profile_is_a_typed_field_of_the_record() -> None:
+    series = Profile(
+        10.0,
+        forward=(ModuleRatio("blocks.0", 1.2), ModuleRatio("blocks.1", math.inf)),
+        backward=(ModuleRatio("blocks.1", math.nan), ModuleRatio("", 0.5)),
+    )
+    record = CellRecord(
+        Cell("c", "none", "cpu", "float16", "half", "eager"),
+        "2.13",
+        Outcome.INACCURATE,
+        profile=series,
+    )
+    line = json.dumps(record.to_dict(), allow_nan=False)
+    assert json.loads(line)["profile"]["forward"][1] == {"module": "blocks.1", "ratio": "Infinity"}
+    read = CellRecord.from_dict(json.loads(line)).profile
+    assert read is not None and read.forward == series.forward
+    assert read.backward[0].module == "blocks.1" and math.isnan(read.backward[0].ratio)
+    assert read.backward[1:] == series.backward[1:]
+    with pytest.raises(MalformedRecord, match=r"profile\.forward\[0\]"):
+        CellRecord.from_dict(dict(record.to_dict(), profile={"factor": 10.0, "forward": [3]}))
+    with pytest.raises(MalformedRecord, match=r"ratio"):
+        CellRecord.from_dict(
+            dict(
+                record.to_dict(),
+                profile={"factor": 10.0, "forward": [{"module": "a", "ratio": "x"}]},
+            )
+        )

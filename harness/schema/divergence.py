@@ -4,7 +4,9 @@ more than the cell's factor, or the first whose output went non-finite from fini
 
 Made by :mod:`harness.measure.judge.divergence`; stored in a record as one JSON object under
 ``divergence`` (absent, or null, in a record of a cell that passed, was not profiled, or was
-written before the profile existed: read as None).
+written before the profile existed: read as None). Beside it, under ``profile``, the series
+the divergence was read from (:class:`Profile`: every module's ratio, in the order the pass
+met them), for the report's picture of the ratio along the model's depth.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from harness.schema.typed import as_mapping, made, with_numbers
+from harness.schema.typed import as_mapping, as_tuple, made, with_numbers
 
 Direction = Literal["forward", "backward"]
 DIRECTIONS: tuple[str, ...] = get_args(Direction)
@@ -66,3 +68,60 @@ class Divergence:
                 f"divergence.direction: {found.direction!r} is not one of {', '.join(DIRECTIONS)}"
             )
         return found
+
+
+@dataclass(frozen=True)
+class ModuleRatio:
+    """One module's error over its rounding's, measured on float64's inputs (``module``: its
+    dotted path, ``""`` for the model itself): infinite where its output went non-finite
+    from finite inputs, NaN where it could not be measured (its inputs beyond the dtype's
+    range)."""
+
+    module: str
+    ratio: float
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A profiled cell's series: the factor its ratios are held to, and each module's ratio
+    in the order the modules returned in forward (``forward``) and, in a training step, in
+    the order backward reached them (``backward``). Figures only: one number a module."""
+
+    factor: float
+    forward: tuple[ModuleRatio, ...] = ()
+    backward: tuple[ModuleRatio, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Its JSON object (a non-finite ratio as the record writes one: ``"Infinity"``,
+        ``"NaN"``, once the record's ``finite_json`` has passed over it)."""
+        return {
+            "factor": self.factor,
+            "forward": [dataclasses.asdict(m) for m in self.forward],
+            "backward": [dataclasses.asdict(m) for m in self.backward],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Profile:
+        """A profile from its JSON object (``TypeError`` or ``ValueError`` naming it)."""
+        found = with_numbers(cls, as_mapping(data, "profile"))
+        return made(
+            cls,
+            dict(
+                found,
+                forward=series(found.get("forward"), "profile.forward"),
+                backward=series(found.get("backward"), "profile.backward"),
+            ),
+            "profile",
+        )
+
+
+def series(data: Any, name: str) -> tuple[ModuleRatio, ...]:
+    """A list of ``{"module", "ratio"}`` objects (null or absent: none)."""
+    return tuple(
+        made(
+            ModuleRatio,
+            with_numbers(ModuleRatio, as_mapping(item, f"{name}[{i}]")),
+            f"{name}[{i}]",
+        )
+        for i, item in enumerate(as_tuple(data, name))
+    )

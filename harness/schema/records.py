@@ -16,7 +16,7 @@ from functools import cache
 from typing import Any
 
 from harness.schema.axes import Cell
-from harness.schema.divergence import Divergence
+from harness.schema.divergence import Divergence, Profile
 from harness.schema.perf_records import LAUNCH_BOUND as LAUNCH_BOUND
 from harness.schema.perf_records import FitFigures as FitFigures
 from harness.schema.perf_records import Perf as Perf
@@ -222,6 +222,7 @@ TYPED_FIELDS = (
     "trail",
     "fit",
     "divergence",
+    "profile",
     "out_dtypes",
     "attn_dtypes",
     "settings_changes",
@@ -297,6 +298,9 @@ class CellRecord:
     #: A cell that ran and did not pass: the first module beyond its rounding (None where
     #: not profiled; absent from records written before the profile).
     divergence: Divergence | None = None
+    #: The series the divergence was read from: every module's ratio, forward and backward
+    #: (None where not profiled; absent from records written before the profile).
+    profile: Profile | None = None
 
     @property
     def notes_text(self) -> str | None:
@@ -334,7 +338,7 @@ class CellRecord:
                 )
             elif f.name == "trail":
                 data.update(value.to_dict() if value else Trail().to_dict())
-            elif f.name in ("fit", "divergence"):
+            elif f.name in ("fit", "divergence", "profile"):
                 data[f.name] = value.to_dict() if value else None
             else:
                 data[f.name] = value.value if isinstance(value, Enum) else value
@@ -391,6 +395,9 @@ class CellRecord:
             fit=FitFigures.from_dict(data["fit"]) if data.get("fit") is not None else None,
             divergence=Divergence.from_dict(data["divergence"])
             if data.get("divergence") is not None
+            else None,
+            profile=Profile.from_dict(data["profile"])
+            if data.get("profile") is not None
             else None,
         )
         record = built(cls, typed | nested | plain)

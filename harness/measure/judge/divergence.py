@@ -104,7 +104,7 @@ from harness.measure.precision.modes import Precision, autocast_region
 from harness.measure.running.errors import MAX_MESSAGE, error_text
 from harness.measure.running.fix_run import context_for, prepared_workload, run_fix_checked
 from harness.schema.axes import EAGER, FORWARD_STAGE, Cell
-from harness.schema.divergence import Divergence
+from harness.schema.divergence import Divergence, ModuleRatio, Profile
 from harness.schema.records import CellRecord, Note, NoteKind, Numerics, Outcome
 
 Tensors = list[torch.Tensor]
@@ -131,13 +131,17 @@ class ModuleFigures:
 
 
 @dataclass(frozen=True)
-class Profile:
+class ProfileFigures:
     """Every module's figures in the order they returned, the factor they are held to,
     and the modules that could not be measured (``path: why``)."""
 
     modules: tuple[ModuleFigures, ...]
     factor: float
     unmeasured: tuple[str, ...] = ()
+
+    def series(self) -> tuple[ModuleRatio, ...]:
+        """Each module's ratio, in order: what the record keeps of the profile."""
+        return tuple(ModuleRatio(m.path, m.ratio) for m in self.modules)
 
     def first_beyond(self) -> Divergence | None:
         """The first module beyond its rounding by more than the factor, or non-finite."""
@@ -164,20 +168,21 @@ def beyond(figures: ModuleFigures, factor: float) -> bool:
 
 
 def profiled(case: Case, cell: Cell, record: CellRecord) -> CellRecord:
-    """``record`` with its divergence where it is a cell the profile is for
-    (:func:`wants_profile`); a profile that fails, or finds no module, leaves the verdict
-    as it is and says why in one note."""
+    """``record`` with its profile (every module's ratio) and its divergence where it is a
+    cell the profile is for (:func:`wants_profile`); a profile that fails, or finds no
+    module, leaves the verdict as it is and says why in one note."""
     if not wants_profile(cell, record) or record.numerics is None:
         return record
     try:
         with torch_state.restored([]):
-            taken = profile(case, cell, profile_factor(record.numerics), whole=False)
+            taken = profile(case, cell, profile_factor(record.numerics))
         found = taken.first_beyond()
     except Exception as error:  # the verdict stands whatever the profile does
         text = f"{type(error).__name__}: {error_text(error)}".splitlines()[0]
         return record.noted(
             Note(NoteKind.DIVERGENCE, f"no divergence profile: {text}"[:MAX_MESSAGE])
         )
+    record = replace(record, profile=Profile(taken.factor, forward=taken.series()))
     if found is None:
         return record.noted(Note(NoteKind.DIVERGENCE, NO_MODULE))
     return replace(record, divergence=found)
@@ -208,7 +213,7 @@ def profile_factor(numerics: Numerics) -> float:
     return numerics.factor if by_rounding and numerics.factor else ROUNDING_FACTOR
 
 
-def profile(case: Case, cell: Cell, factor: float, whole: bool = True) -> Profile:
+def profile(case: Case, cell: Cell, factor: float, whole: bool = True) -> ProfileFigures:
     """Each module of the cell's fix, in float64 on the CPU, against its cell's and its
     yardstick's twin on the same inputs (see the module docstring); without ``whole``,
     those up to the first beyond the factor (the rest of the run measures nothing)."""
@@ -237,7 +242,7 @@ def profile(case: Case, cell: Cell, factor: float, whole: bool = True) -> Profil
         run = float64_run(piece, reference, record=False)
     if run.error is not None:
         raise run.error
-    return Profile(tuple(measuring.figures), factor, tuple(measuring.unmeasured))
+    return ProfileFigures(tuple(measuring.figures), factor, tuple(measuring.unmeasured))
 
 
 def modules_called(
