@@ -10,13 +10,23 @@ from typing import Any
 import pytest
 
 from harness.results import storage
+from harness.schema import migrations
 from harness.schema.axes import Cell
-from harness.schema.records import SCHEMA_VERSION, CellRecord, MalformedRecord, Outcome
+from harness.schema.records import (
+    SCHEMA_VERSION,
+    CellRecord,
+    CrashKind,
+    MalformedRecord,
+    NoteKind,
+    Outcome,
+)
 from harness.schema.run_files import Environment, RunPlan
 from harness.schema.versions import VERSION_KEY, checked_version
 
 RECORD = CellRecord(
-    cell=Cell(case="c", fix="none", device="cpu", dtype="float16", mode="autocast", backend="sdpa"),
+    cell=Cell(
+        case="c", fix="none", device="cpu", dtype="float16", mode="autocast", backend="sdpa"
+    ),
     outcome=Outcome.PASSES,
     torch_version="2.13.0",
 )
@@ -73,3 +83,18 @@ def test_a_stored_record_of_a_newer_schema_is_named_by_file_and_line(tmp_path: P
     problems: list[str] = []
     assert storage.read_record_lines(tmp_path, problems) == []
     assert problems == [f"{cells}:1: {newer_than(SCHEMA_VERSION)}"]
+
+
+def test_the_migrations_write_values_todays_enums_still_read() -> None:
+    """The migrations write a schema's values as text (they import no enum of the records
+    they migrate to): each is a value of today's enum, until a schema renames one and
+    migrates it in a step of its own."""
+    assert set(migrations.V1_CRASH_KINDS.values()) <= {kind.value for kind in CrashKind}
+    assert NoteKind(migrations.V3_JOINED_NOTE) is NoteKind.JOINED
+    assert Outcome(migrations.V1_CRASHED) is Outcome.CRASHED
+    old = {**RECORD.to_dict(), VERSION_KEY: 1, "outcome": "crashed", "error_type": "ProcessDied"}
+    del old["notes"]
+    old["note"] = "timing failed: killed; joined"
+    record = CellRecord.from_dict(old)
+    assert (record.crash_kind, record.timing_error) == (CrashKind.PROCESS_DIED, "killed")
+    assert [(note.kind, note.text) for note in record.notes] == [(NoteKind.JOINED, "joined")]

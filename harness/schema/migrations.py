@@ -1,21 +1,30 @@
 """Records of older schemas read as today's: each step rewrites a JSON object of one schema
 into the next one's fields (``migrated`` runs the steps an object needs). Each old field is
-parsed here, the one place it is read from its stored text."""
+parsed here, the one place it is read from its stored text.
+
+A step writes the values of the schema it migrates to, as that schema stored them: text, not
+:mod:`harness.schema.records`' enums, whose values are today's (a later schema that renamed
+one would migrate it in a step of its own), and which import this module to read an old
+record: the two never import each other."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from harness.schema.axes import NO_SCALER
-from harness.schema.records import CrashKind, NoteKind, Outcome
 from harness.schema.typed import mismatch
 
 V1_TIMING_FAILED = "timing failed: "
+#: Schema 1's outcome of a cell whose process died.
+V1_CRASHED = "crashed"
+#: Schema 1 named a crash's kind by its error type; schema 2's ``crash_kind`` by these.
 V1_CRASH_KINDS = {
-    "ProcessDied": CrashKind.PROCESS_DIED,
-    "WorkerCrashed": CrashKind.WORKER_DIED,
-    "HarnessError": CrashKind.HARNESS,
+    "ProcessDied": "process-died",
+    "WorkerCrashed": "worker-died",
+    "HarnessError": "harness",
 }
+#: Schema 4's kind of the one note that holds schema 3's notes joined.
+V3_JOINED_NOTE = "joined"
 #: Schema 4 and older joined a cell's several dtypes with this (``float16+float32``).
 V4_DTYPE_JOIN = "+"
 #: Schema 4's dtype fields and schema 5's lists that replace them.
@@ -51,9 +60,8 @@ def migrate_v1(data: dict[str, Any]) -> dict[str, Any]:
     if failed:
         data["timing_error"] = failed[0].removeprefix(V1_TIMING_FAILED)
         data["note"] = "; ".join(n for n in notes if n not in failed) or None
-    if data.get("outcome") == Outcome.CRASHED.value:
-        kind = V1_CRASH_KINDS.get(str(data.get("error_type")))
-        data["crash_kind"] = kind.value if kind else None
+    if data.get("outcome") == V1_CRASHED:
+        data["crash_kind"] = V1_CRASH_KINDS.get(str(data.get("error_type")))
     return data
 
 
@@ -64,7 +72,7 @@ def migrate_v3(data: dict[str, Any]) -> dict[str, Any]:
     note = data.pop("note", None)
     if not isinstance(note or "", str):
         raise TypeError(mismatch("note", str | None, note))
-    data["notes"] = [{"kind": NoteKind.JOINED.value, "text": note}] if note else []
+    data["notes"] = [{"kind": V3_JOINED_NOTE, "text": note}] if note else []
     return data
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from harness.schema.axes import Cell
 from harness.schema.divergence import Divergence, Profile
+from harness.schema.migrations import migrated
 from harness.schema.perf_records import LAUNCH_BOUND as LAUNCH_BOUND
 from harness.schema.perf_records import FitFigures as FitFigures
 from harness.schema.perf_records import Perf as Perf
@@ -364,8 +365,6 @@ class CellRecord:
         data = as_mapping(data, "record")
         version = checked_version(data, SCHEMA_VERSION)
         if version < SCHEMA_VERSION:
-            from harness.schema.migrations import migrated  # it reads this module's enums
-
             data = migrated(data, version)
         nested: dict[str, Any] = {
             name: built(kind, with_numbers(kind, taken(field_names(kind), data)))
