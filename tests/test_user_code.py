@@ -147,7 +147,10 @@ def test_an_import_time_limit_that_is_not_a_number_is_one_line(tmp_path: Path) -
     (tmp_path / "mod.py").write_text(model_module(""))
     result = check(tmp_path, "mod:build", AMPMATRIX_IMPORT_TIMEOUT="soon")
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "AMPMATRIX_IMPORT_TIMEOUT='soon': expected seconds" in result.stderr
+    assert result.stderr == (
+        "ampmatrix: error: AMPMATRIX_IMPORT_TIMEOUT: 'soon' is not a finite number of seconds"
+        " above 0 and at most 86400\n"
+    )
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 from harness.cli import bisect, check, compare, listing, nightly, output, report, run
 from harness.results import storage
+from harness.schema import env_vars
 from harness.schema.text import one_line
 
 
@@ -85,7 +86,6 @@ RUN_ERRORS = (
     ("harness.measure.authoring.registry", "CaseContractError"),
     ("harness.schema.selection", "SelectionError"),
     ("harness.measure.authoring.model_case", "ModelCheckError"),
-    ("harness.measure.authoring.import_probe", "ImportTimeoutError"),
 )
 
 
@@ -94,7 +94,12 @@ def user_errors() -> tuple[type[Exception], ...]:
     loaded = tuple(
         getattr(sys.modules[module], name) for module, name in RUN_ERRORS if module in sys.modules
     )
-    return (storage.ResultsError, bisect.NoRecordChosen, *loaded)
+    return (
+        storage.ResultsError,
+        bisect.NoRecordChosen,
+        env_vars.EnvironmentVariableError,
+        *loaded,
+    )
 
 
 #: The exit code of a command stopped by Ctrl-C (a shell's for SIGINT).
@@ -111,6 +116,7 @@ def run_command(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     try:
+        env_vars.check(env_vars.HARNESS)  # a bad AMPMATRIX_* value: one line, before any work
         return int(COMMANDS[args.command].command(args, argv))
     except user_errors() as error:
         print(f"ampmatrix: error: {one_line(str(error))}", file=sys.stderr)

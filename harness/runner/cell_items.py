@@ -12,7 +12,6 @@ goes on. Timing items each time the columns of one case on one device (the timin
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from functools import partial
@@ -32,6 +31,7 @@ from harness.runner.isolation import (
     timed_columns,
 )
 from harness.runner.progress import Progress, column_label, progress_label
+from harness.schema import env_vars
 from harness.schema.axes import Cell
 from harness.schema.config import Limits, TimingConfig
 from harness.schema.devices import CUDA, device_kind
@@ -55,16 +55,17 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
 
 
 #: How the run tells its workers the torch thread count each of their cells gets.
-THREADS_VARIABLE = "AMPMATRIX_THREADS"
+THREADS_VARIABLE = env_vars.THREADS.name
 
 
 def cell_threads() -> int:
-    return int(os.environ.get(THREADS_VARIABLE, "1"))
+    return env_vars.THREADS.read() or 1
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if os.environ.get(THREADS_VARIABLE):
-        torch.set_num_threads(cell_threads())
+    threads = env_vars.THREADS.read()
+    if threads is not None:
+        torch.set_num_threads(threads)
     remember_worker_state()
 
 

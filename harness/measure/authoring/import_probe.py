@@ -19,11 +19,11 @@ from contextlib import suppress
 from dataclasses import dataclass
 
 from harness.measure.host import forking
+from harness.schema import env_vars
 
-#: How long the imports of one probe may take, in seconds (a model module that imports
-#: transformers takes a few), unless ``AMPMATRIX_IMPORT_TIMEOUT`` says otherwise.
-IMPORT_TIMEOUT_S = 300.0
-TIMEOUT_VARIABLE = "AMPMATRIX_IMPORT_TIMEOUT"
+#: How long the imports of one probe may take (a model module that imports transformers
+#: takes a few seconds): declared with its default and rule in ``harness.schema.env_vars``.
+TIMEOUT_VARIABLE = env_vars.IMPORT_TIMEOUT.name
 STEP = 4  # bytes per survived step on the pipe
 
 
@@ -35,24 +35,10 @@ class Fatal:
     how: str
 
 
-class ImportTimeoutError(ValueError):
-    """``AMPMATRIX_IMPORT_TIMEOUT`` is not a positive number of seconds."""
-
-
 def import_timeout() -> float:
-    """The time limit of a probe: ``AMPMATRIX_IMPORT_TIMEOUT`` seconds, else the default."""
-    text = os.environ.get(TIMEOUT_VARIABLE, "")
-    if not text:
-        return IMPORT_TIMEOUT_S
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not 0 < seconds <= 86400:
-        raise ImportTimeoutError(
-            f"{TIMEOUT_VARIABLE}={text!r}: expected seconds, above 0 and at most 86400"
-        )
-    return seconds
+    """The time limit of a probe: ``AMPMATRIX_IMPORT_TIMEOUT`` seconds, else the default;
+    a value out of its rule is an ``EnvironmentVariableError`` naming it."""
+    return env_vars.IMPORT_TIMEOUT.read()
 
 
 def first_fatal(

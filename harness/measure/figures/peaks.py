@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from harness.results import storage
+from harness.schema import env_vars
 
 CACHE_FILE = "peaks.json"
-DEFAULT_MAX_AGE_DAYS = 30.0
 
 
 def cache_dir() -> Path:
-    explicit = os.environ.get("AMPMATRIX_CACHE_DIR")
+    explicit = env_vars.CACHE_DIR.read()
     if explicit:
         return Path(explicit)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
@@ -32,11 +32,9 @@ def cache_dir() -> Path:
 
 
 def max_age() -> timedelta:
-    try:
-        days = float(os.environ.get("AMPMATRIX_PEAK_MAX_AGE_DAYS", DEFAULT_MAX_AGE_DAYS))
-    except ValueError:
-        days = DEFAULT_MAX_AGE_DAYS
-    return timedelta(days=days)
+    """How long a cached peak is reused; a value out of its rule (``nan``, ``1e12``) is
+    refused naming the variable (the command line checks it before any work)."""
+    return timedelta(days=env_vars.PEAK_MAX_AGE_DAYS.read())
 
 
 def peak_key(device_model: str, dtype: str, torch_version: str, threads: int) -> str:
