@@ -10,6 +10,7 @@ import pandas as pd
 
 from harness.report import aggregate, stages
 from harness.report.aggregate import Run
+from harness.schema.axes import CONTROL_FIX, DTYPES, MODE_NAMES, rank
 from harness.schema.records import LABELS
 from harness.schema.releases import torch_release
 from harness.schema.text import markdown_safe
@@ -76,6 +77,32 @@ def stage_text(outcome: stages.StageOutcome | None) -> str:
     return outcome.text + misses
 
 
+def where_cells_left(frame: pd.DataFrame) -> list[str]:
+    """Each failing cell that was profiled, and where it left float64 (its divergence: the
+    first module beyond its rounding; or why its profile names none): a row per case, fix,
+    column and place, with the environments it was found in."""
+    found = frame.loc[frame["left_at"].map(lambda v: isinstance(v, str) and bool(v))]
+    if found.empty:
+        return []
+    keys = ["case", "row", "dtype", "mode", "left_at"]
+    groups = sorted(
+        found.groupby(keys, sort=False),
+        key=lambda group: (
+            group[0][0],
+            group[0][1] != CONTROL_FIX,
+            group[0][1],
+            rank(DTYPES, group[0][2]),
+            rank(MODE_NAMES, group[0][3]),
+        ),
+    )
+    rows = [
+        [case, row, f"{dtype}/{mode}", ", ".join(cells["env"].unique()), where]
+        for (case, row, dtype, mode, where), cells in groups
+    ]
+    header = ["case", "fix", "column", "environments", "where it left float64"]
+    return ["### Where each failing cell left float64", "", *markdown_table(header, rows), ""]
+
+
 def render_markdown(runs: Sequence[Run]) -> str:
     frame = aggregate.records_frame(runs)
     lines = ["## ampmatrix", ""]
@@ -92,6 +119,7 @@ def render_markdown(runs: Sequence[Run]) -> str:
     lines += ["### First release where each fix passes", ""]
     lines += [*markdown_table(["case", "fix", "first passing"], rows), ""]
     lines += which_fix(frame)
+    lines += where_cells_left(frame)
     lines += across_stages(frame)
     lines += ["Labels: " + "; ".join(f"`{label.text}`: {label.meaning}" for label in LABELS), ""]
     return "\n".join(lines)

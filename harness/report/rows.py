@@ -18,7 +18,7 @@ from typing import Any
 from harness.results.columns import ParsedRun, orjson
 from harness.results.computed_in import computed_in
 from harness.results.speed import SpeedRatios, column_speed_ratios
-from harness.results.summary import failure_line
+from harness.results.summary import verdict_line, where_it_left
 from harness.schema import gpus
 from harness.schema.axes import Cell
 from harness.schema.records import (
@@ -39,14 +39,15 @@ cell_values = operator.attrgetter(*CELL_FIELDS)
 #: dtypes (never from the figures of one run), in this order.
 VERDICT_COLUMNS = ("label", "base_label", "passed", "failure", "promotion", "failure_site",
                    "compute", "drift", "note", "out_dtype", "attn_dtype", "computed_in",
-                   "fit")  # fmt: skip
+                   "fit", "left_at")  # fmt: skip
 #: A row's columns, in the frame's order.
 ROW_COLUMNS = (*CELL_FIELDS, "row_with_backend", "row_without_backend", "run", "torch_version",
                "hostname", "outcome", "label", "base_label", "failure", "promotion",
                "failure_site", "compute", "drift", "reproduces", "error_type", "error_message",
                "skip_reason", "note", "out_dtype", "attn_dtype", "computed_in", "rel_err",
                "tolerance", "median_s", "launch_bound", "iqr_s", "noisy", "peak_mem_bytes",
-               "gflops", "peak_fraction", "vs_control", "vs_fastest", "fit", "passed")  # fmt: skip
+               "gflops", "peak_fraction", "vs_control", "vs_fastest", "fit", "passed",
+               "left_at")  # fmt: skip
 
 
 def dtypes_text(dtypes: Sequence[str]) -> str | None:
@@ -61,7 +62,7 @@ def verdict_values(record: CellRecord) -> tuple[Any, ...]:
         outcome_label(record),
         base_label(record),
         record.outcome is Outcome.PASSES and not record.flags,
-        failure_line(record),
+        verdict_line(record),
         trail.promotion.describe() if trail and trail.promotion else None,
         trail.failure() if trail else None,
         "; ".join(f"{kind}: {'+'.join(dtypes)}" for kind, dtypes in trail.compute_dtypes.items())
@@ -73,6 +74,7 @@ def verdict_values(record: CellRecord) -> tuple[Any, ...]:
         dtypes_text(record.attn_dtypes),
         computed_in(record),
         record.fit,
+        where_it_left(record),
     )
 
 
@@ -124,7 +126,7 @@ VERDICT_FIELDS = ("outcome", "reproduces", "flags", "promotion", "failure_site",
                   "island", "backward_node", "compile_error", "error_type", "error_message",
                   "error_frames", "crash_kind", "fit", "notes", "leaf", "finite", "factor",
                   "decided_by", "stage", "dtype", "baseline_error", "warnings", "out_dtypes",
-                  "attn_dtypes", "settings_changes")  # fmt: skip
+                  "attn_dtypes", "settings_changes", "divergence", "profile")  # fmt: skip
 VERDICT_VALUES = operator.itemgetter(*VERDICT_FIELDS)
 #: The figures an inaccurate cell's failure line quotes (its error and tolerance).
 QUOTED_FIELDS = ("rel_err", "tolerance")

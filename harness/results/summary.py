@@ -152,6 +152,23 @@ def failure_line(record: CellRecord) -> str | None:
     return "; ".join(p for p in parts if p and p != "None") or None
 
 
+def where_it_left(record: CellRecord) -> str | None:
+    """Where a failing cell left float64, in one line: its divergence (``first beyond
+    rounding at blocks.7.ffn (Mlp, toy.py:41), 140x (was 2.1x)``), or, for a cell whose
+    profile names no module, the note that says why; None for a cell not profiled."""
+    if record.divergence is not None:
+        return record.divergence.describe()
+    return next((n.text for n in record.notes if n.kind is NoteKind.DIVERGENCE), None)
+
+
+def verdict_line(record: CellRecord) -> str | None:
+    """A failing cell's line where cells are listed (under a summary's table, in a
+    report): where it left float64 (:func:`where_it_left`), then why it did not pass
+    (:func:`failure_line`); None for a plain pass."""
+    parts = (where_it_left(record), failure_line(record))
+    return "; ".join(p for p in parts if p) or None
+
+
 def step_notes(record: CellRecord) -> list[str]:
     """A train or fit cell's notes on its steps (a stage that trains: a record of a stage not
     registered here has none): the steps its GradScaler skipped, and where its gradients
@@ -171,8 +188,8 @@ def error_text(record: CellRecord) -> str:
 
 def detail_lines(records: Sequence[CellRecord]) -> list[str]:
     """One line per flagged, raising, crashed or timed-out cell of a case, per train or fit
-    cell whose steps have a note (its scaler skipped, its gradients went non-finite), and per
-    fit that stalled."""
+    cell whose steps have a note (its scaler skipped, its gradients went non-finite), per
+    fit that stalled, and per cell that was profiled (where it left float64 first)."""
     worth_saying = [
         r
         for r in records
@@ -183,8 +200,9 @@ def detail_lines(records: Sequence[CellRecord]) -> list[str]:
             or r.warnings
             or step_notes(r)
             or (r.fit and r.outcome is Outcome.INACCURATE)
+            or where_it_left(r)
         )
-        and failure_line(r)
+        and verdict_line(r)
     ]
     ran = [r for r in records if r.outcome is not Outcome.SKIPPED]
     show_device = len({r.cell.device for r in ran}) > 1
@@ -192,7 +210,7 @@ def detail_lines(records: Sequence[CellRecord]) -> list[str]:
     grouped: dict[tuple[str, str], list[str]] = {}
     for r in sorted(worth_saying, key=lambda r: (r.cell.fix != CONTROL_FIX, r.cell)):
         heading = "/".join(column_key(r, show_device))
-        grouped.setdefault((row_key(r, show_backend), str(failure_line(r))), []).append(heading)
+        grouped.setdefault((row_key(r, show_backend), str(verdict_line(r))), []).append(heading)
     return [f"  ! {row} {' '.join(columns)}: {text}" for (row, text), columns in grouped.items()]
 
 
