@@ -11,6 +11,7 @@ another build, and an environment whose requirements have not changed is reused 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -19,11 +20,37 @@ import sys
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
+from types import ModuleType
 
 import nox
 
 nox.options.sessions = ["matrix"]
 nox.options.reuse_venv = "yes"
+
+
+def load_variables() -> ModuleType:
+    """The declaration of ampmatrix's environment variables, ``harness/schema/env_vars.py``,
+    loaded by its path: nox's own Python need not have ampmatrix installed, and the file
+    needs only the standard library."""
+    path = Path(__file__).resolve().parent / "harness" / "schema" / "env_vars.py"
+    spec = importlib.util.spec_from_file_location("ampmatrix_env_vars", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def refuse_bad_variables(environ: Mapping[str, str]) -> None:
+    """A bad value of a variable the noxfile reads ends nox as it loads, in one line naming
+    it (every command, ``nox -l`` too), not in a traceback."""
+    for error in env_vars.refused(env_vars.NOXFILE, environ):
+        print(f"nox: error: {error}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+env_vars = load_variables()
+refuse_bad_variables(os.environ)
 
 #: The torch releases under test, oldest first: the newest patch of every minor release from
 #: 2.1 to the newest this machine's pip allows (the one place they are listed).
@@ -60,12 +87,12 @@ PYTHON = "3.11"
 VENV_BACKEND = "uv|virtualenv"
 #: Matrix environments kept after a matrix session (the most recently used ones; 0: keep
 #: all), and the free disk below which uv's cache of pruned releases is cleaned too.
-KEEP_ENVS = int(os.environ.get("AMPMATRIX_KEEP_ENVS", "4"))
-MIN_FREE_GB = float(os.environ.get("AMPMATRIX_MIN_FREE_GB", "20"))
+KEEP_ENVS: int = env_vars.KEEP_ENVS.read()
+MIN_FREE_GB: float = env_vars.MIN_FREE_GB.read()
 
 
 def default_version() -> str:
-    return os.environ.get("AMPMATRIX_TORCH", DEFAULT_TORCH)
+    return str(env_vars.TORCH.read() or DEFAULT_TORCH)
 
 
 def configured_versions() -> tuple[str, ...]:
@@ -225,7 +252,9 @@ def matrix(session: nox.Session, torch: str) -> None:
             f"`nox -s matrix` runs torch {default_version()} only; run "
             f"`nox -s \"matrix(torch='{torch}')\"` or `nox -t all-versions`"
         )
-    flash = flash_attn_choice(os.environ.get("AMPMATRIX_FLASH_ATTN", ""), gpu_major())
+    for error in env_vars.refused(env_vars.HARNESS):  # before minutes of installs
+        session.error(str(error))
+    flash = flash_attn_choice(env_vars.FLASH_ATTN.read(), gpu_major())
     install_with_torch(
         session,
         torch,
@@ -394,7 +423,7 @@ def newest_run(session: nox.Session) -> Path:
 
 def install_browser(session: nox.Session) -> None:
     """Chromium for the report's browser test, where this machine lets us install it."""
-    if shutil.which("chromium") or os.environ.get("AMPMATRIX_NO_BROWSER"):
+    if shutil.which("chromium") or env_vars.NO_BROWSER.read():
         return
     if not (hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get")):
         session.log("chromium not installed and apt-get unavailable: the browser test skips")
@@ -589,7 +618,7 @@ def acceptance_interpreters() -> list[str]:
     AMPMATRIX_PYTHON, python3 and python on PATH, nox's own, the tests' environment."""
     tests_python = Path(".nox") / "tests" / "bin" / "python"
     names = [
-        os.environ.get("AMPMATRIX_PYTHON"),
+        env_vars.PYTHON.read(),
         shutil.which("python3"),
         shutil.which("python"),
         sys.executable,
