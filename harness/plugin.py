@@ -22,7 +22,9 @@ projects that do not use it.
 
 from __future__ import annotations
 
+import difflib
 import functools
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -35,12 +37,30 @@ if TYPE_CHECKING:
     from harness.measure.authoring.case import Case
     from harness.measure.authoring.model_case import Matrix
     from harness.schema.axes import Axis, Cell
-    from harness.schema.records import CellRecord, Note
+    from harness.schema.records import CellRecord, FlagKind, Note
 
 MARK = "__ampmatrix_model__"
 CELL_ARG = "ampmatrix_cell"
 #: What separates the axis values of an ``expect`` key (``"float16/half"``).
 EXPECT_SEPARATOR = "/"
+#: An ``expect`` label: an outcome, and the kinds of its flags in brackets, where it has any
+#: (``passes[drift,no-autocast]``), as ``outcome_label`` writes one.
+LABEL_FORM = re.compile(r"(?P<outcome>[^\[\]]*)(?:\[(?P<flags>[^\[\]]*)\])?")
+
+
+@dataclass(frozen=True)
+class ExpectedOutcome:
+    """An ``expect`` label, read: the outcome a cell is accepted with and the kinds of the
+    flags it has (in any order: a record lists them in the order they were found)."""
+
+    outcome: str
+    flags: frozenset[FlagKind] = frozenset()
+
+    def accepts(self, record: CellRecord) -> bool:
+        from harness.schema.records import base_label
+
+        kinds = {flag.kind for flag in record.flags}
+        return base_label(record) == self.outcome and kinds == self.flags
 
 
 @dataclass(frozen=True)
@@ -53,7 +73,10 @@ class Expectation:
     #: Each value the key names, and the axes it may be a value of (``eager``: the
     #: backend or the compile mode).
     values: tuple[tuple[str, tuple[Axis, ...]], ...]
+    #: The label as written, for messages.
     label: str
+    #: The label, read (``expected_outcome``).
+    outcome: ExpectedOutcome
 
     def matches(self, cell: Cell) -> bool:
         """Whether the cell has every value of the key, on one of its axes (a device
@@ -86,8 +109,59 @@ def parse_expect(
                 "(e.g. 'float16/half')"
             )
         values = tuple((part, axes_naming(key, part, model_axes)) for part in parts)
-        parsed.append(Expectation(key, values, label))
+        parsed.append(Expectation(key, values, label, expected_outcome(key, label)))
     return tuple(parsed)
+
+
+def model_check_outcomes() -> tuple[str, ...]:
+    """The outcomes a model check's cell can have, as labels name them: every outcome's
+    but those of a raised cell split by whether it reproduces a known failure, which a
+    model you check does not have (its raised cells are ``raises``)."""
+    from harness.schema.records import LABELS, RAISES_OTHER, REPRODUCES
+
+    return tuple(label.text for label in LABELS if label.text not in (REPRODUCES, RAISES_OTHER))
+
+
+def expected_outcome(key: str, label: str) -> ExpectedOutcome:
+    """An ``expect`` label read against the outcomes a model check's cell can have and the
+    kinds of flag; anything else is a ``ModelCheckError`` naming the key and the label,
+    with the nearest valid label suggested (at collection, as the key's errors are)."""
+    from harness.measure.authoring.model_case import ModelCheckError
+    from harness.schema.records import RAISES_OTHER, REPRODUCES, FlagKind
+
+    where = f"expect {key!r}: {label!r}"
+    form = LABEL_FORM.fullmatch(label)
+    outcome, flags = (form["outcome"], form["flags"]) if form else (label, None)
+    if outcome in (REPRODUCES, RAISES_OTHER):
+        raise ModelCheckError(
+            f"{where} is never a model check's label: {outcome!r} says whether a cell "
+            "reproduces its case's known failure, and a model you check has none (a cell "
+            "that raises is 'raises')"
+        )
+    outcomes = model_check_outcomes()
+    if form is None or outcome not in outcomes:
+        raise ModelCheckError(
+            f"{where}: no outcome {outcome!r}{nearest(outcome, outcomes)} (outcomes: "
+            f"{', '.join(outcomes)}; a flagged cell's kinds follow in brackets, "
+            "as in 'passes[drift]')"
+        )
+    if flags is None:
+        return ExpectedOutcome(outcome)
+    kinds = [kind.value for kind in FlagKind]
+    for name in flags.split(","):
+        if name not in kinds:
+            raise ModelCheckError(
+                f"{where}: no flag {name!r}{nearest(name, kinds)} (flags: {', '.join(kinds)}; "
+                "several joined by ',')"
+            )
+    return ExpectedOutcome(outcome, frozenset(FlagKind(name) for name in flags.split(",")))
+
+
+def nearest(name: str, known: Sequence[str]) -> str:
+    """``; did you mean ...?`` with the valid name nearest ``name`` (where one is near: a
+    slip of a letter or two), or nothing."""
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 def axes_naming(key: str, value: str, axes: Sequence[Axis]) -> tuple[Axis, ...]:
@@ -299,7 +373,7 @@ def run_model_cell(spec: ModelTest, cell: Cell, state: SessionState) -> None:
         record = replace(record, notes=(settled, *record.notes))
     if state.results is not None:
         keep_record(state.results, record, state.command)
-    verdict(record, expected_label(spec.expect, cell))
+    verdict(record, expectation(spec.expect, cell))
 
 
 def settle_torch(state: SessionState) -> Note | None:
@@ -313,22 +387,28 @@ def settle_torch(state: SessionState) -> Note | None:
     return torch_state.settled_note(state.torch_state, "the test process's")
 
 
+def expectation(expect: Sequence[Expectation], cell: Cell) -> Expectation | None:
+    """The entry of ``expect`` for ``cell``: the first whose values the cell has, each on
+    one of its axes."""
+    return next((entry for entry in expect if entry.matches(cell)), None)
+
+
 def expected_label(expect: Sequence[Expectation], cell: Cell) -> str | None:
-    """The label ``expect`` accepts for ``cell``: the first entry whose values the cell
-    has, each on one of its axes."""
-    return next((entry.label for entry in expect if entry.matches(cell)), None)
+    """The label ``expect`` accepts for ``cell``, as written."""
+    entry = expectation(expect, cell)
+    return entry.label if entry else None
 
 
-def verdict(record: CellRecord, expected: str | None) -> None:
+def verdict(record: CellRecord, expected: Expectation | None) -> None:
     from harness.schema.records import Outcome, outcome_label
 
     label = outcome_label(record)
     plain_pass = record.outcome is Outcome.PASSES and not record.flags
     if expected is not None:
-        if label == expected:
+        if expected.outcome.accepts(record):
             pytest.xfail(f"accepted: {label}: {failure_message(record)}")
         pytest.fail(
-            f"{record.cell.dtype}/{record.cell.mode}: expected {expected}, got {label}"
+            f"{record.cell.dtype}/{record.cell.mode}: expected {expected.label}, got {label}"
             + ("" if plain_pass else f": {failure_message(record)}")
             + ("; it passes now: drop it from expect" if plain_pass else ""),
             pytrace=False,
