@@ -61,8 +61,12 @@ class Rule(Generic[T]):
 
     parse: Callable[[str], T]
     fits: Callable[[T], bool]
-    #: ``AMPMATRIX_X: 'text' is not <expected>``.
+    #: ``AMPMATRIX_...: 'text' is not <expected>``.
     expected: str
+    #: The type of the value read.
+    kind: type
+    #: The texts it takes, where it takes a few named ones.
+    choices: tuple[str, ...] = ()
 
     def value_of(self, name: str, text: str) -> T:
         try:
@@ -100,17 +104,22 @@ def finite_number(low: float, high: float, unit: str, *, above_low: bool = False
             parse_number,
             lambda x: low < x <= high,
             f"{what} above {number_text(low)} and at most {number_text(high)}",
+            float,
         )
     return Rule(
         parse_number,
         lambda x: low <= x <= high,
         f"{what} between {number_text(low)} and {number_text(high)}",
+        float,
     )
 
 
 def whole_number(low: int, high: int, unit: str) -> Rule[int]:
     return Rule(
-        parse_whole, lambda n: low <= n <= high, f"a whole number{of(unit)} from {low} to {high}"
+        parse_whole,
+        lambda n: low <= n <= high,
+        f"a whole number{of(unit)} from {low} to {high}",
+        int,
     )
 
 
@@ -125,7 +134,8 @@ def of(unit: str) -> str:
 
 def one_of(*choices: str) -> Rule[str]:
     """One of ``choices``, as written (empty text is the variable unset, not a choice)."""
-    return Rule(str, lambda c: c in choices, "one of " + ", ".join(map(repr, choices)))
+    expected = "one of " + ", ".join(map(repr, choices))
+    return Rule(str, lambda c: c in choices, expected, str, choices)
 
 
 SWITCH_WORDS = {"1": True, "true": True, "yes": True, "on": True}
@@ -139,12 +149,14 @@ def parse_switch(text: str) -> bool:
     return SWITCH_WORDS[word]
 
 
-SWITCH = Rule(parse_switch, lambda _: True, "a switch: 1, true, yes or on; 0, false, no or off")
+SWITCH = Rule(
+    parse_switch, lambda _: True, "a switch: 1, true, yes or on; 0, false, no or off", bool
+)
 
 
 def text_of(what: str) -> Rule[str]:
     """Any text (a path, a command), described as ``what``."""
-    return Rule(str, lambda _: True, what)
+    return Rule(str, lambda _: True, what, str)
 
 
 #: A torch release as pip pins it and a session's name holds it: ``2.4.1``,
@@ -153,7 +165,10 @@ RELEASE = re.compile(
     r"[0-9]+(\.[0-9]+){1,3}((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?(\+[A-Za-z0-9.]+)?"
 )
 TORCH_RELEASE = Rule(
-    str, lambda v: RELEASE.fullmatch(v) is not None, "a torch release such as 2.4.1 or 2.6.0rc1"
+    str,
+    lambda v: RELEASE.fullmatch(v) is not None,
+    "a torch release such as 2.4.1 or 2.6.0rc1",
+    str,
 )
 
 
