@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import replace
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -59,16 +60,24 @@ def test_no_change_and_single_version_are_said_plainly() -> None:
     assert "only one torch version" in render_bisect([rec("2.4.1", Outcome.PASSES)])
 
 
+def started_copy(stored: Path, run: Path) -> None:
+    """A copy of a stored run, started when its name says (``20260103T000000-...``): which
+    run of an environment is newest is read from its start time."""
+    shutil.copytree(stored, run)
+    started = datetime.strptime(run.name[:15], "%Y%m%dT%H%M%S").replace(tzinfo=timezone.utc)
+    storage.write_env(run, replace(storage.read_env(run), started_at=started.isoformat()))
+
+
 def test_results_folders_pair_up_by_environment_and_name_every_run_left_out(
     tmp_path: Path,
 ) -> None:
     base, head = tmp_path / "base", tmp_path / "head"
     for root, stamp in ((base, "20260101"), (head, "20260102")):
         for name in ("torch-2.4.1", "torch-2.13.0"):
-            shutil.copytree(DATA / name, root / f"{stamp}T000000-{name}")
-    shutil.copytree(DATA / "torch-2.13.0", head / "20260103T000000-torch-2.13.0")
+            started_copy(DATA / name, root / f"{stamp}T000000-{name}")
+    started_copy(DATA / "torch-2.13.0", head / "20260103T000000-torch-2.13.0")
     other_host = head / "20260104T000000-torch-2.13.0"
-    shutil.copytree(DATA / "torch-2.13.0", other_host)
+    started_copy(DATA / "torch-2.13.0", other_host)
     env = storage.read_env(other_host)
     storage.write_env(other_host, replace(env, hostname="gpu-box-2", gpus=[{"name": "H100"}]))
     pairing = pair_runs(base, head)
@@ -77,8 +86,9 @@ def test_results_folders_pair_up_by_environment_and_name_every_run_left_out(
         ("20260101T000000-torch-2.4.1", "20260102T000000-torch-2.4.1"),
     ]
     left_out = "\n".join(pairing.left_out)
-    assert "20260102T000000-torch-2.13.0: not compared: 20260103T000000-torch-2.13.0 is newer" in (
-        left_out
+    assert (
+        "20260102T000000-torch-2.13.0: not compared: 20260103T000000-torch-2.13.0 started later"
+        in left_out
     )
     assert f"{other_host}: no run of torch 2.13.0+cpu · H100 in {base}" in left_out
     assert len(pairing.left_out) == 2

@@ -1,6 +1,9 @@
 """``compare``: outcome and speed changes from one run (or results folder) to another; for
 CI, a regression exits 1, and cells of BASE that HEAD has no record of exit 3 (a run that
-broke must not pass its own gate) unless ``--allow-missing``."""
+broke must not pass its own gate) unless ``--allow-missing``; so do the cells of a run of
+HEAD that BASE has nothing to compare with (no run of its environment, or a run without a
+record). A side that holds no run, or two sides without a record, exit 2: a gate never
+passes on nothing."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from harness.cli.options import probability, ratio_above_one
 from harness.cli.output import INCOMPLETE, existing_run_dir, warn
+from harness.results import storage
 from harness.results.speed import ALPHA, MIN_RATIO
 
 if TYPE_CHECKING:  # imported when used: it brings in pandas
@@ -23,13 +27,15 @@ HELP = (
     "its name), is compared with "
     "the same environment's; to compare across GPUs, give two run folders); speed is "
     "judged against the pair's machine factor and spread, per device; exits 1 on a "
-    "regression, 3 when HEAD has no record of cells BASE has"
+    "regression, 3 when HEAD has no record of cells BASE has or BASE has nothing to "
+    "compare a run of HEAD with, 2 when a side holds no run or no record"
 )
 
 #: The exit code of a regression.
 REGRESSED = 1
-#: The exit code of a HEAD without a record of cells BASE has: the cells a run left
-#: without a record exit with the same code.
+#: The exit code of a HEAD without a record of cells BASE has (or of a run of HEAD that
+#: BASE has nothing to compare with): the cells a run left without a record exit with the
+#: same code.
 MISSING = INCOMPLETE
 
 
@@ -63,33 +69,39 @@ def fill(compare: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from harness.report.aggregate import load_run
-    from harness.report.compare import Missing, compare_runs, pair_runs, render_comparison
+    from harness.report.compare import (
+        Missing,
+        compare_runs,
+        compared_with_nothing,
+        pair_runs,
+        render_comparison,
+    )
 
     pairing = pair_runs(existing_run_dir(args.base), existing_run_dir(args.head))
     for line in pairing.left_out:
         print(f"ampmatrix: {line}", file=sys.stderr)
     missing = [unpaired_cells(base_dir, args.head) for base_dir in pairing.unpaired_bases]
-    if not pairing.pairs and not any(m.cells for m in missing):
-        print(
-            f"ampmatrix: no run of {args.head} has a run of the same environment (torch "
-            f"release and GPUs, or host without one) in {args.base}: nothing to compare "
-            "(runs of other GPUs compare when given as two run folders)",
-            file=sys.stderr,
-        )
-        return 0
-    regressions = 0
+    missing += [unpaired_cells(head_dir, args.base) for head_dir in pairing.unpaired_heads]
+    regressions = compared = 0
     for base_dir, head_dir in pairing.pairs:
         base, head = load_run(base_dir), load_run(head_dir)
         warn(base.problems + head.problems)
         comparison = compare_runs(base, head, args.min_ratio, args.alpha)
         print(render_comparison(comparison))
         regressions += len(comparison.regressions)
+        compared += comparison.compared
         missing.append(Missing(base_dir, head_dir, comparison.only_in_base))
-    return gate(regressions, [m for m in missing if m.cells], args.allow_missing)
+        missing.append(compared_with_nothing(base, head, comparison))
+    missing = [m for m in missing if m.cells]
+    if not compared and not missing:
+        raise storage.ResultsError(
+            f"{args.base} and {args.head} hold no record to compare: nothing compared"
+        )
+    return gate(regressions, missing, args.allow_missing)
 
 
 def unpaired_cells(base_dir: Path, head: Path) -> Missing:
-    """Every cell of a BASE run whose environment has no run in HEAD."""
+    """Every cell of a run of one side whose environment has no run in the other."""
     from harness.report.aggregate import load_run
     from harness.report.compare import Missing
 

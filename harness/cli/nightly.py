@@ -2,7 +2,9 @@
 of tonight (each torch release on each GPU kind), then tonight against last night, release
 by release and GPU by GPU (:mod:`harness.report.nightly` says what fails and what is
 expected). Exits 1 on a failing change, 3 when tonight has no record of cells last night
-had (unless ``--allow-missing``), 0 otherwise; with no LAST it says so and passes."""
+had or last night has nothing to compare a run of tonight with (unless ``--allow-missing``),
+2 when LAST holds no run or neither night a record, 0 otherwise; with no LAST it says so and
+passes."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from harness.results import storage
 HELP = (
     "the nightly's verdict: one report over tonight's runs, then each torch release and "
     "GPU against last night's; exits 1 on a fix that stopped passing or a new error, 3 on "
-    "cells tonight lost"
+    "cells tonight lost or cells last night has nothing to compare with, 2 when LAST holds "
+    "no run"
 )
 
 #: Where the report goes unless ``--out`` says otherwise.
@@ -49,8 +52,9 @@ def fill(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--allow-missing",
         action="store_true",
-        help="pass when tonight has no record of cells last night had (once, after a "
-        "runner's GPUs changed); they are still named",
+        help="pass when tonight has no record of cells last night had, or last night has "
+        "nothing to compare a run of tonight with (once, after a runner's GPUs or the "
+        "releases changed); they are still named",
     )
 
 
@@ -68,9 +72,13 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     warn(verdict.problems)  # tonight's were said with the report
     for line in verdict.left_out:
         print(f"ampmatrix: {line}", file=sys.stderr)
+    if not verdict.cells_compared and not verdict.unjudged:
+        raise storage.ResultsError(
+            f"{args.last} and {args.tonight} hold no record to compare: nothing compared"
+        )
     print(render_verdict(verdict, args.allow_missing))
     append_markdown(args.markdown, render_verdict_markdown(verdict, args.allow_missing))
-    return gate(len(verdict.failures), verdict.missing, args.allow_missing)
+    return gate(len(verdict.failures), verdict.unjudged, args.allow_missing)
 
 
 def runs_under(folder: Path) -> list[Path]:

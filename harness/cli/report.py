@@ -12,6 +12,7 @@ from harness.cli.output import existing_run_dir, warn
 from harness.results import storage
 
 if TYPE_CHECKING:
+    from harness.report.aggregate import Run
     from harness.report.drawing import Drawing
 
 HELP = "render one HTML report over one or more runs"
@@ -67,7 +68,7 @@ def report_command(args: argparse.Namespace, drawing: Drawing) -> int:
         check_output(args.markdown, inputs, "--markdown")
     comparison = None
     if args.baseline:
-        base = load_run(existing_run_dir(args.baseline))
+        base = baseline_run(args.baseline)
         comparison = compare_runs(base, load_run(existing_run_dir(args.run_dirs[-1])))
     warn([p for loaded in runs for p in loaded.problems])
     print(f"report: {write_report(render_report(runs, comparison, drawing), out)}")
@@ -77,6 +78,25 @@ def report_command(args: argparse.Namespace, drawing: Drawing) -> int:
         storage.append_whole(args.markdown, render_markdown(runs).encode())
         print(f"summary: {args.markdown}")
     return 0
+
+
+def baseline_run(path: Path) -> Run:
+    """The run ``--baseline`` names, with its reading problems said; a folder that is not
+    a run (a results folder, a models folder) or a run without a record is refused: a
+    comparison with nothing would say "no outcome changes"."""
+    from harness.report.aggregate import load_run
+    from harness.report.compare import is_run_dir
+
+    if not is_run_dir(existing_run_dir(path)):
+        raise storage.ResultsError(
+            f"--baseline {path}: not a run folder (no {storage.ENV_FILE} or "
+            f"{storage.CELLS_FILE} in it); name one run"
+        )
+    base = load_run(path)
+    warn(base.problems)
+    if not base.records:
+        raise storage.ResultsError(f"--baseline {path}: no record to compare with")
+    return base
 
 
 def check_output(out: Path, run_dirs: Sequence[Path], flag: str) -> None:

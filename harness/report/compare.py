@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 
 from harness.report.aggregate import Run
@@ -108,6 +109,8 @@ class Comparison:
     #: Where each run ran: ``torch 2.11.0 · H100 80GB HBM3 (sm90) on host-a``.
     base_where: str = ""
     head_where: str = ""
+    #: How many cells both runs have a record of: what was compared.
+    compared: int = 0
 
     @property
     def regressions(self) -> list[Change]:
@@ -306,7 +309,16 @@ def compare_runs(
         ],
         base_where=run_where(base.env),
         head_where=run_where(head.env),
+        compared=len(both),
     )
+
+
+def compared_with_nothing(base: Run, head: Run, comparison: Comparison) -> Missing:
+    """The cells of HEAD that a BASE without any record leaves unjudged, named as cells of
+    HEAD with no record in BASE (none where BASE has records: a cell only HEAD has is new,
+    not lost). A gate that passed them would pass on nothing."""
+    cells = [] if base.records else comparison.only_in_head
+    return Missing(head.run_dir, base.run_dir, cells)
 
 
 def device_pair(base: Environment, head: Environment, device: str) -> str:
@@ -328,6 +340,17 @@ def is_run_dir(path: Path) -> bool:
     return (path / storage.ENV_FILE).exists() or (path / storage.CELLS_FILE).exists()
 
 
+def runs_in(root: Path) -> list[Path]:
+    """The run folders of a results folder; a folder that holds none is refused: a gate
+    that compared nothing would pass."""
+    runs = sorted(p for p in root.iterdir() if p.is_dir() and is_run_dir(p))
+    if not runs:
+        raise storage.ResultsError(
+            f"{root}: no run folder in it (nothing to compare: name a run or a folder of runs)"
+        )
+    return runs
+
+
 EnvironmentKey = tuple[str, str, str]
 
 
@@ -339,6 +362,9 @@ class Pairing:
     left_out: list[str] = field(default_factory=list)
     #: Runs of BASE whose environment has no run in HEAD: every cell of theirs is missing.
     unpaired_bases: list[Path] = field(default_factory=list)
+    #: Runs of HEAD whose environment has no run in BASE: every cell of theirs is compared
+    #: with nothing.
+    unpaired_heads: list[Path] = field(default_factory=list)
 
 
 def environment_key(env: Environment) -> EnvironmentKey:
@@ -354,27 +380,53 @@ def describe_key(key: EnvironmentKey) -> str:
     return f"torch {key[0]} · {key[2]}" + (f" on {key[1]}" if key[1] else "")
 
 
+def start_time(run_dir: Path, env: Environment) -> datetime:
+    """When a run started, as its ``env.json`` records it (an ISO time with its zone): which
+    run of an environment is the newest is decided by it, never by a folder's name, which
+    anyone can change."""
+    path = run_dir / storage.ENV_FILE
+    try:
+        started = datetime.fromisoformat(env.started_at or "")
+    except (TypeError, ValueError):
+        started = None
+    if started is None or started.tzinfo is None:
+        raise storage.ResultsError(
+            f"{path}: no start time with its zone (started_at {env.started_at!r}): which run "
+            "is newest cannot be told; refusing to compare"
+        )
+    return started
+
+
 def runs_by_environment(root: Path, left_out: list[str]) -> dict[EnvironmentKey, Path]:
-    """In a folder of runs, the newest run of each environment; older runs of the same
-    environment and runs whose env.json cannot be read go to ``left_out``, with why."""
+    """In a folder of runs, the newest run of each environment, by the start time each
+    records; older runs of the same environment go to ``left_out``, with why. A run whose
+    ``env.json`` or start time cannot be read, or two runs of one environment started at
+    the same time, are refused (``ResultsError``): either could be the newest."""
+    started: dict[EnvironmentKey, list[tuple[datetime, Path]]] = {}
+    for run_dir in runs_in(root):
+        env = storage.read_env(run_dir, problems=[])
+        started.setdefault(environment_key(env), []).append((start_time(run_dir, env), run_dir))
     runs: dict[EnvironmentKey, Path] = {}
-    for run_dir in sorted(p for p in root.iterdir() if p.is_dir() and is_run_dir(p)):
-        try:
-            key = environment_key(storage.read_env(run_dir, problems=[]))
-        except storage.ResultsError as error:
-            left_out.append(f"{run_dir}: not compared: {error}")
-            continue
-        if key in runs:  # names start with a UTC timestamp: the later is the newer
+    for key, found in started.items():
+        (newest_at, newest), *older = sorted(found, reverse=True)
+        for at, run_dir in older:
+            if at == newest_at:
+                raise storage.ResultsError(
+                    f"{newest} and {run_dir}: two runs of {describe_key(key)} started at "
+                    f"{at.isoformat()}: which is newest cannot be told; keep one"
+                )
             left_out.append(
-                f"{runs[key]}: not compared: {run_dir.name} is newer, same {describe_key(key)}"
+                f"{run_dir}: not compared: {newest.name} started later "
+                f"({newest_at.isoformat()}), same {describe_key(key)}"
             )
-        runs[key] = run_dir
+        runs[key] = newest
     return runs
 
 
 def pair_runs(base: Path, head: Path) -> Pairing:
     """Two runs compare as they are; two results folders pair up by environment (torch
-    release, host and GPUs), the newest run of each, and name every run left out."""
+    release, host and GPUs), the newest run of each, and name every run left out. A
+    results folder without a run is refused (``runs_in``)."""
     if is_run_dir(base) and is_run_dir(head):
         return Pairing([(base, head)])
     pairing = Pairing()
@@ -386,14 +438,13 @@ def pair_runs(base: Path, head: Path) -> Pairing:
     )
     if is_run_dir(base) or is_run_dir(head):
         pairing.pairs = [(b, h) for b in bases.values() for h in heads.values()]
-        if not heads:
-            pairing.unpaired_bases = list(bases.values())
         return pairing
     for key in sorted(heads.keys() | bases.keys()):
         if key in heads and key in bases:
             pairing.pairs.append((bases[key], heads[key]))
         elif key in heads:
             pairing.left_out.append(f"{heads[key]}: no run of {describe_key(key)} in {base}")
+            pairing.unpaired_heads.append(heads[key])
         else:
             pairing.left_out.append(f"{bases[key]}: no run of {describe_key(key)} in {head}")
             pairing.unpaired_bases.append(bases[key])

@@ -23,7 +23,9 @@ of :class:`Judgement`:
   became a pass, one inaccuracy for another): shown, never failing.
 
 Cells last night had that tonight has no record of are ``compare``'s missing cells, and
-fail the same way (a night whose job broke must not pass).
+fail the same way (a night whose job broke must not pass); so do the cells of a run of
+tonight that last night has nothing to compare with (no run of its environment, or one
+without a record): a night judged against nothing must not pass either.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from harness.report.compare import (
     Change,
     Missing,
     compare_runs,
+    compared_with_nothing,
     describe_key,
     environment_key,
     pair_runs,
@@ -88,11 +91,15 @@ class NightVerdict:
 
     judged: list[Judged] = field(default_factory=list)
     missing: list[Missing] = field(default_factory=list)
+    #: Cells of tonight's runs that last night has nothing to compare with.
+    uncompared: list[Missing] = field(default_factory=list)
     left_out: list[str] = field(default_factory=list)
     #: What could not be read of last night's runs (file and line); the rest was compared.
     problems: list[str] = field(default_factory=list)
     #: How many environments (torch release x GPU) were compared with last night.
     compared: int = 0
+    #: How many cells both nights have a record of.
+    cells_compared: int = 0
     #: Per environment and device, the noise ``compare`` judged speed against.
     noise: list[str] = field(default_factory=list)
 
@@ -103,9 +110,15 @@ class NightVerdict:
     def count(self, judgement: Judgement) -> int:
         return sum(j.judgement is judgement for j in self.judged)
 
+    @property
+    def unjudged(self) -> list[Missing]:
+        """The cells either night has and the other cannot be compared with."""
+        return [*self.missing, *self.uncompared]
+
     def failed(self, allow_missing: bool = False) -> bool:
-        """A failing change fails the night; so do missing cells, unless allowed."""
-        return bool(self.failures) or (bool(self.missing) and not allow_missing)
+        """A failing change fails the night; so do missing and uncompared cells, unless
+        allowed."""
+        return bool(self.failures) or (bool(self.unjudged) and not allow_missing)
 
 
 def reproduces_its_known_failure(record: CellRecord) -> bool:
@@ -155,6 +168,10 @@ class PairJudged:
     judged: list[Judged]
     missing: Missing
     noise: list[str]
+    #: Tonight's cells where last night's run has no record at all.
+    uncompared: Missing
+    #: How many cells both nights have a record of.
+    compared: int
 
 
 def judge_pair(last: Run, tonight: Run) -> PairJudged:
@@ -169,7 +186,11 @@ def judge_pair(last: Run, tonight: Run) -> PairJudged:
     ]
     noise = [f"{where}: {n.describe()}" for n in comparison.noise]
     return PairJudged(
-        judged, Missing(last.run_dir, tonight.run_dir, comparison.only_in_base), noise
+        judged,
+        Missing(last.run_dir, tonight.run_dir, comparison.only_in_base),
+        noise,
+        compared_with_nothing(last, tonight, comparison),
+        comparison.compared,
     )
 
 
@@ -181,14 +202,20 @@ def judge_nights(last: Path, tonight: Path) -> NightVerdict:
         lost = load_run(base_dir)
         verdict.problems += lost.problems
         verdict.missing.append(Missing(base_dir, tonight, sorted(r.cell for r in lost.records)))
+    for head_dir in pairing.unpaired_heads:
+        new = load_run(head_dir)
+        verdict.uncompared.append(Missing(head_dir, last, sorted(r.cell for r in new.records)))
     for base_dir, head_dir in pairing.pairs:
         base = load_run(base_dir)
         verdict.problems += base.problems
         pair = judge_pair(base, load_run(head_dir))
         verdict.judged += pair.judged
         verdict.missing.append(pair.missing)
+        verdict.uncompared.append(pair.uncompared)
+        verdict.cells_compared += pair.compared
         verdict.noise += pair.noise
     verdict.missing = [m for m in verdict.missing if m.cells]
+    verdict.uncompared = [m for m in verdict.uncompared if m.cells]
     return verdict
 
 
@@ -205,10 +232,12 @@ def render_verdict(verdict: NightVerdict, allow_missing: bool = False) -> str:
 def summary_line(verdict: NightVerdict, allow_missing: bool = False) -> str:
     counts = ", ".join(f"{verdict.count(j)} {j.value}" for j in Judgement)
     lost = sum(len(m.cells) for m in verdict.missing)
+    new = sum(len(m.cells) for m in verdict.uncompared)
     outcome = "FAIL" if verdict.failed(allow_missing) else "pass"
     return (
         f"nightly verdict: {outcome}: {verdict.compared} environments compared with last "
-        f"night; {counts}; {lost} cells missing tonight"
+        f"night; {counts}; {lost} cells missing tonight; {new} cells of tonight with "
+        "nothing to compare with last night"
     )
 
 
