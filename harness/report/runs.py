@@ -106,7 +106,7 @@ def load_rows(run_dir: Path) -> Run:
     problem."""
     with storage.paused_gc():
         env, problems = read_env(run_dir)
-        parsed = parsed_run(run_dir)
+        parsed = parsed_run(run_dir) if records_inside(run_dir) else None
         if parsed is not None and parsed.lines:
             try:
                 rows = parsed_rows(parsed, (run_dir.name, Run(run_dir, env, []).host))
@@ -117,6 +117,16 @@ def load_rows(run_dir: Path) -> Run:
                 return Run(run_dir, env, [], problems, shared(rows))
         run = load_run(run_dir)
         return Run(run.run_dir, run.env, [], run.problems, shared(run_columns(run)))
+
+
+def records_inside(run_dir: Path) -> bool:
+    """Whether ``cells.jsonl`` is a file of the run folder, not a link out of it (read
+    record by record, such a link is named as a problem and read as no record)."""
+    try:
+        storage.run_file(run_dir, storage.CELLS_FILE)
+    except storage.ResultsError:
+        return False
+    return True
 
 
 def run_columns(run: Run) -> dict[str, list[Any]]:

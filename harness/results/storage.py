@@ -17,15 +17,14 @@ import re
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-from harness.schema.releases import torch_release
 from harness.schema.config import RunConfig
 from harness.schema.records import CellRecord
+from harness.schema.releases import torch_release
 from harness.schema.run_files import CaseInfo, CaseList, Environment, RunPlan
 from harness.schema.typed import MAX_DEPTH, deeper_than
 
@@ -162,6 +161,23 @@ def holds_lone_surrogate(value: Any) -> bool:
     return False
 
 
+def run_file(run_dir: Path, name: str) -> Path:
+    """The file ``name`` of a run folder, to read or append to; one that is a link leading
+    out of the folder (to another run's records, to a file of the machine) is refused with
+    a ``ResultsError`` naming it: a run is what its folder holds, and a resume must not
+    append to, or cut, a file elsewhere."""
+    path = run_dir / name
+    if not path.is_symlink():
+        return path
+    try:
+        target = path.resolve(strict=True)
+    except (OSError, RuntimeError):  # a dangling link, a loop
+        raise ResultsError(f"{path}: a link that cannot be followed; refusing it") from None
+    if not target.is_relative_to(run_dir.resolve()):
+        raise ResultsError(f"{path}: a link out of the run folder (to {target}); refusing it")
+    return path
+
+
 def write_env(run_dir: Path, env: Environment) -> None:
     write_json_atomic(run_dir / ENV_FILE, env.to_dict())
 
@@ -178,7 +194,7 @@ def read_cases(run_dir: Path, problems: list[str] | None = None) -> dict[str, Ca
     """The case metadata stored with a run, by name (empty when the file is absent). A
     case with a field of the wrong type is named as a problem and left out (or raises
     ResultsError when no ``problems`` list is given)."""
-    path = run_dir / CASES_FILE
+    path = run_file(run_dir, CASES_FILE)
     try:
         text = read_text(path)
     except FileNotFoundError:
@@ -217,7 +233,7 @@ class RecordNotWritten(ResultsError):
 def append_record(run_dir: Path, record: CellRecord) -> None:
     """Append one record as one line of strict JSON (a non-finite number is a string, see
     ``CellRecord.to_dict``): whole, or (when the disk is full) not at all."""
-    path = run_dir / CELLS_FILE
+    path = run_file(run_dir, CELLS_FILE)
     line = (json.dumps(record.to_dict(), sort_keys=True, allow_nan=False) + "\n").encode()
     try:
         append_whole(path, line)
@@ -294,7 +310,7 @@ def metadata_lock(run_dir: Path) -> Iterator[None]:
 def read_env(run_dir: Path, problems: list[str] | None = None) -> Environment:
     """``env.json``. A field of the wrong type raises ResultsError naming it; when a
     ``problems`` list is given, the message goes there and the field is left out."""
-    path = run_dir / ENV_FILE
+    path = run_file(run_dir, ENV_FILE)
     # its free-form facts (flags, GPUs, timing) are printed as they are
     data = read_json(path, "missing (not a results directory?)", max_depth=MAX_DEPTH)
     found: list[str] | None = None if problems is None else []
@@ -322,7 +338,7 @@ T = TypeVar("T")
 
 
 def _read_plan(run_dir: Path, read: Callable[[Any], T]) -> T:
-    path = run_dir / RUN_PLAN_FILE
+    path = run_file(run_dir, RUN_PLAN_FILE)
     data = read_json(path, "missing: this run cannot be resumed")
     try:
         return read(data)
@@ -334,7 +350,7 @@ def drop_partial_last_line(run_dir: Path) -> str | None:
     """A run killed in the middle of a write can leave half a line at the end of
     ``cells.jsonl``; cut it (it holds no complete record) so appending can go on.
     Returns what was cut."""
-    path = run_dir / CELLS_FILE
+    path = run_file(run_dir, CELLS_FILE)
     if not path.exists():
         return None
     data = path.read_bytes()
@@ -365,15 +381,20 @@ def read_record_lines(run_dir: Path, problems: list[str] | None = None) -> list[
 
     A line that cannot be read raises ResultsError naming the file and line; when a
     ``problems`` list is given, the message goes there instead and the line is skipped, so
-    readers such as ``report`` use everything that is valid.
+    readers such as ``report`` use everything that is valid (a file that cannot be read at
+    all, a link out of the run folder among them, is then one problem, and no record).
     """
     path = run_dir / CELLS_FILE
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return []
     try:
-        data = path.read_bytes()
-    except OSError as error:
-        unread = ResultsError(f"{path}: could not be read ({error.strerror or error})")
+        data = run_file(run_dir, CELLS_FILE).read_bytes()
+    except (OSError, ResultsError) as error:
+        unread = (
+            error
+            if isinstance(error, ResultsError)
+            else ResultsError(f"{path}: could not be read ({error.strerror or error})")
+        )
         if problems is None:
             raise unread from None
         problems.append(str(unread))
@@ -423,4 +444,3 @@ def _parse_record(path: Path, number: int, line: str) -> CellRecord:
         return CellRecord.from_dict(parsed_json(line))
     except ValueError as error:
         raise ResultsError(f"{path}:{number}: {error}") from error
-

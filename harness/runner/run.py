@@ -46,13 +46,13 @@ from harness.runner.pytest_launch import (
     timing_workers,
     worker_count,
 )
-from harness.schema.axes import SIZES, SMALL_SIZE, TIMED_SIZE, Cell, rank
+from harness.schema.axes import AXES, SIZES, SMALL_SIZE, TIMED_SIZE, Cell, rank
 from harness.schema.config import RunConfig, TimingConfig
 from harness.schema.devices import known_device
 from harness.schema.records import CellRecord, Outcome
 from harness.schema.releases import torch_release
 from harness.schema.run_files import RunPlan
-from harness.schema.selection import SelectionError, check_selection
+from harness.schema.selection import Selection, SelectionError, check_selection
 from harness.schema.stages import stage_of
 
 
@@ -471,6 +471,36 @@ class SavedRun:
     recorded: Recorded
 
 
+def check_plan(cases: Sequence[Case], plan: RunPlan) -> None:
+    """A stored plan names only what the run's cases declare, checked as ``run`` checks a
+    selection (``check_selection``): its selection, and each of its cells, to run or
+    skipped. A plan edited by hand (an unknown case, a ``float8``) is refused naming its
+    first bad entry (``SelectionError``), before any cell runs on it."""
+    check_selection(cases, plan.config.selection)
+    checked: set[tuple[str, str, str]] = set()
+    entries = [(f"cells[{i}]", cell) for i, cell in enumerate(plan.cells)]
+    entries += [(f"skipped[{i}]", cell) for i, (cell, _) in enumerate(plan.skipped)]
+    for where, cell in entries:
+        try:
+            check_planned_cell(cases, cell, checked)
+        except SelectionError as error:
+            raise SelectionError(f"{where} ({cell.id}): {error}") from None
+
+
+def check_planned_cell(
+    cases: Sequence[Case], cell: Cell, checked: set[tuple[str, str, str]]
+) -> None:
+    """Each of a cell's values among those its case declares on that axis; ``checked``
+    holds the (case, axis, value) found good so far (a plan repeats them cell after cell)."""
+    for spec in AXES:
+        value = getattr(cell, spec.name)
+        if (cell.case, spec.name, value) in checked:
+            continue
+        wanted = {AXES[0].plural: [cell.case], spec.plural: [value]}
+        check_selection(cases, Selection(**wanted))
+        checked.add((cell.case, spec.name, value))
+
+
 def saved_state(run_dir: Path) -> SavedRun:
     """The stopped run's configuration, its cells still without a record and the records
     it left (``cells.jsonl`` read once, here: a line the stopped run left cut off is no
@@ -480,8 +510,8 @@ def saved_state(run_dir: Path) -> SavedRun:
     check_same_torch(run_dir)
     config = replace(saved.config, results_root=run_dir.parent)
     try:
-        cases_of_run(config)
-    except (CaseContractError, model_case.ModelCheckError) as error:
+        check_plan(cases_of_run(config), saved)
+    except (CaseContractError, model_case.ModelCheckError, SelectionError) as error:
         raise storage.ResultsError(f"{run_dir / storage.RUN_PLAN_FILE}: {error}") from error
     recorded = Recorded(storage.read_records(run_dir, problems=[]))
     plan = Plan(
