@@ -31,6 +31,7 @@ from harness.report.case_tables import (
 from harness.report.compare import Comparison
 from harness.report.drawing import Drawing
 from harness.report.grouping import Environments
+from harness.report.profiles import profile_views
 from harness.report.views import (
     LEGEND,
     MISSING,
@@ -158,6 +159,7 @@ def case_view(
         messages=messages(mine, envs),
         trails=trails(mine, envs, styles),
         stages=stage_view(mine, styles),
+        profiles=profile_views(mine, envs),
     )
 
 

@@ -39,7 +39,7 @@ cell_values = operator.attrgetter(*CELL_FIELDS)
 #: dtypes (never from the figures of one run), in this order.
 VERDICT_COLUMNS = ("label", "base_label", "passed", "failure", "promotion", "failure_site",
                    "compute", "drift", "note", "out_dtype", "attn_dtype", "computed_in",
-                   "fit", "left_at")  # fmt: skip
+                   "fit", "left_at", "profile")  # fmt: skip
 #: A row's columns, in the frame's order.
 ROW_COLUMNS = (*CELL_FIELDS, "row_with_backend", "row_without_backend", "run", "torch_version",
                "hostname", "outcome", "label", "base_label", "failure", "promotion",
@@ -47,7 +47,7 @@ ROW_COLUMNS = (*CELL_FIELDS, "row_with_backend", "row_without_backend", "run", "
                "skip_reason", "note", "out_dtype", "attn_dtype", "computed_in", "rel_err",
                "tolerance", "median_s", "launch_bound", "iqr_s", "noisy", "peak_mem_bytes",
                "gflops", "peak_fraction", "vs_control", "vs_fastest", "fit", "passed",
-               "left_at")  # fmt: skip
+               "left_at", "profile")  # fmt: skip
 
 
 def dtypes_text(dtypes: Sequence[str]) -> str | None:
@@ -75,6 +75,7 @@ def verdict_values(record: CellRecord) -> tuple[Any, ...]:
         computed_in(record),
         record.fit,
         where_it_left(record),
+        record.profile,
     )
 
 

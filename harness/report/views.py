@@ -217,6 +217,19 @@ class StagesView:
 
 
 @dataclass(frozen=True)
+class ProfileView:
+    """A picture of where the failing cells of one column (``float16/half``, with its
+    stage where it is not the forward) left float64, in the environments where it is the
+    same: each profiled fix's ratio along the model, forward and (a train cell's)
+    backward, each an inline SVG (``""`` where that direction was not profiled)."""
+
+    column: str
+    envs: EnvironmentSet
+    forward: str
+    backward: str
+
+
+@dataclass(frozen=True)
 class CaseView:
     """A case's section: its metadata, recommendation, tables, stages and plots (each
     ``(size, data URI)``; the size empty for a case that ran one)."""
@@ -235,6 +248,7 @@ class CaseView:
     trails: list[TrailRow]
     stages: StagesView | None
     plots: list[tuple[str, str | None]] = field(default_factory=list)
+    profiles: list[ProfileView] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
