@@ -23,7 +23,7 @@ from harness.measure.authoring.model_case import Matrix, model_case
 from harness.measure.judge import divergence
 from harness.runner.matrix import expand
 from harness.runner.progress import progress_label
-from harness.schema.axes import FORWARD_STAGE, Cell
+from harness.schema.axes import FORWARD_STAGE, TRAIN_STAGE, Cell
 from harness.schema.divergence import Divergence, ModuleRatio, Profile
 from harness.schema.records import CellRecord, MalformedRecord, NoteKind, Outcome
 from harness.schema.typed import finite_json
@@ -38,16 +38,44 @@ OFFSET = 40.0
 HOT_BIAS = 100.0
 
 
-class LayerNorm(nn.Module):
-    """LayerNorm as people write it; ``cancelling``: the variance as ``E[x^2] - E[x]^2``."""
+class CancellingBackward(torch.autograd.Function):
+    """A LayerNorm's normalisation (no affine) that saves only its input, as a
+    memory-saving norm does, and whose backward takes the statistics again with the
+    variance as ``E[x^2] - E[x]^2``: in the input's dtype, with activations of mean 40,
+    it cancels (a bug that shows in backward only: the forward is as people write it)."""
 
-    def __init__(self, width: int, cancelling: bool = False) -> None:
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        mean = x.mean(-1, keepdim=True)
+        return (x - mean) * torch.rsqrt((x - mean).pow(2).mean(-1, keepdim=True) + 1e-5)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        mean = x.mean(-1, keepdim=True)
+        inv = torch.rsqrt((x * x).mean(-1, keepdim=True) - mean * mean + 1e-5)
+        normed = (x - mean) * inv
+        projection = (grad * normed).mean(-1, keepdim=True)
+        return inv * (grad - grad.mean(-1, keepdim=True) - normed * projection)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm as people write it; ``cancelling``: the variance as ``E[x^2] - E[x]^2``;
+    ``cancelling_backward``: its backward's projection so (:class:`CancellingBackward`)."""
+
+    def __init__(
+        self, width: int, cancelling: bool = False, cancelling_backward: bool = False
+    ) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(width))
         self.bias = nn.Parameter(torch.zeros(width))
         self.cancelling = cancelling
+        self.cancelling_backward = cancelling_backward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cancelling_backward:
+            return CancellingBackward.apply(x) * self.weight + self.bias
         mean = x.mean(-1, keepdim=True)
         if self.cancelling:
             var = (x * x).mean(-1, keepdim=True) - mean * mean
@@ -125,7 +153,11 @@ class Toy(nn.Module):
 
 
 #: What a bug changes in the block at its depth, and the module the profile must name.
-BUGS: dict[str, str] = {"cancelling-variance": "norm1", "logits-scaled-after": "attn"}
+BUGS: dict[str, str] = {
+    "cancelling-variance": "norm1",
+    "logits-scaled-after": "attn",
+    "cancelling-backward": "norm1",
+}
 
 
 def toy(bug: str | None, depth: int, hot: bool = False) -> Callable[[], Any]:
@@ -136,7 +168,11 @@ def toy(bug: str | None, depth: int, hot: bool = False) -> Callable[[], Any]:
     def factory() -> tuple[nn.Module, dict[str, torch.Tensor]]:
         blocks = [
             Block(
-                LayerNorm(WIDTH, cancelling=bug == "cancelling-variance" and i == depth),
+                LayerNorm(
+                    WIDTH,
+                    cancelling=bug == "cancelling-variance" and i == depth,
+                    cancelling_backward=bug == "cancelling-backward" and i == depth,
+                ),
                 Attention(
                     WIDTH,
                     bias=HOT_BIAS if hot and i == depth else 0.0,
@@ -150,13 +186,16 @@ def toy(bug: str | None, depth: int, hot: bool = False) -> Callable[[], Any]:
     return factory
 
 
-def forward_record(name: str, factory: Callable[[], Any], dtype: str) -> CellRecord:
-    """The model's forward cell in ``dtype``, ``half``, run as a ``check`` worker runs it."""
-    case = model_case(name, factory, Matrix(dtypes=(dtype,), modes=("half",)), __file__)
+def forward_record(
+    name: str, factory: Callable[[], Any], dtype: str, stage: str = FORWARD_STAGE
+) -> CellRecord:
+    """The model's ``stage`` cell in ``dtype``, ``half``, run as a ``check`` worker runs it."""
+    matrix = Matrix(dtypes=(dtype,), modes=("half",), stages=(stage,))
+    case = model_case(name, factory, matrix, __file__)
     (cell,) = [
         c
         for c in expand([case]).to_run
-        if c.stage == FORWARD_STAGE and c.dtype == dtype and c.mode == "half"
+        if c.stage == stage and c.dtype == dtype and c.mode == "half"
     ]
     return execute.run_cell(cell)
 
@@ -220,16 +259,49 @@ def assert_the_series_is_whole(record: CellRecord, found: Divergence) -> None:
 
 
 @pytest.mark.parametrize(
-    ("dtype", "hot"), [("float16", False), ("bfloat16", False), ("float16", True)]
+    ("depth", "dtype"), [(2, "float16"), (9, "float16"), (2, "bfloat16"), (9, "bfloat16")]
+)
+def test_a_bug_in_backward_is_named_at_its_module(depth: int, dtype: str) -> None:
+    bug = "cancelling-backward"
+    record = forward_record(f"toy-back-{depth}-{dtype}", toy(bug, depth), dtype, TRAIN_STAGE)
+    found = record.divergence
+    assert record.outcome is Outcome.INACCURATE and found is not None
+    assert (found.direction, found.module) == ("backward", injected(bug, depth))
+    assert (found.kind, found.location) == ("LayerNorm", forward_line(LayerNorm))
+    assert found.ratio > found.factor  # the variance cancels to below zero: non-finite
+    assert found.ratio_before is not None and found.ratio_before <= found.factor
+    assert f"in backward at {found.module} (LayerNorm, " in progress_label(record)
+    profile = record.profile
+    assert profile is not None and profile.forward and profile.backward
+    assert all(m.ratio <= profile.factor for m in profile.forward)  # forward is sound
+    order = [m.module for m in profile.backward]
+    assert (
+        order.index(f"blocks.{depth}.attn")
+        < order.index(found.module)
+        < order.index(f"blocks.{depth}")
+    ), "backward order: the block's attention, its norm, then the block"
+    assert order[-1] == ""
+
+
+@pytest.mark.parametrize(
+    ("dtype", "hot", "stage"),
+    [
+        ("float16", False, FORWARD_STAGE),
+        ("bfloat16", False, FORWARD_STAGE),
+        ("float16", True, FORWARD_STAGE),
+        ("float16", False, TRAIN_STAGE),
+        ("bfloat16", False, TRAIN_STAGE),
+    ],
 )
 def test_the_healthy_twin_passes_and_is_not_profiled(
-    dtype: str, hot: bool, monkeypatch: pytest.MonkeyPatch
+    dtype: str, hot: bool, stage: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def never(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a cell that passes is profiled")
 
     monkeypatch.setattr(divergence, "profile", never)
-    record = forward_record(f"toy-healthy-{dtype}-{int(hot)}", toy(None, 2, hot), dtype)
+    name = f"toy-healthy-{dtype}-{int(hot)}-{stage}"
+    record = forward_record(name, toy(None, 2, hot), dtype, stage)
     assert record.outcome is Outcome.PASSES and record.divergence is None
     assert not [n for n in record.notes if n.kind is NoteKind.DIVERGENCE]
 

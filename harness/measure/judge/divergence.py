@@ -93,7 +93,9 @@ from harness.measure.judge.references import (
     workpiece,
 )
 from harness.measure.judge.rounding import (
+    held_scale,
     noise_source,
+    round_gradient,
     round_stored,
     rounds_activations,
     stored_rounding,
@@ -103,7 +105,15 @@ from harness.measure.precision.dtypes import TORCH_DTYPES
 from harness.measure.precision.modes import Precision, autocast_region
 from harness.measure.running.errors import MAX_MESSAGE, error_text
 from harness.measure.running.fix_run import context_for, prepared_workload, run_fix_checked
-from harness.schema.axes import EAGER, FORWARD_STAGE, Cell
+from harness.measure.running.recipe_steps import scaler_policy
+from harness.schema.axes import (
+    DYNAMIC_SCALER,
+    EAGER,
+    FORWARD_STAGE,
+    STATIC_SCALER,
+    TRAIN_STAGE,
+    Cell,
+)
 from harness.schema.divergence import Divergence, ModuleRatio, Profile
 from harness.schema.records import CellRecord, Note, NoteKind, Numerics, Outcome
 
@@ -138,28 +148,48 @@ class ProfileFigures:
     modules: tuple[ModuleFigures, ...]
     factor: float
     unmeasured: tuple[str, ...] = ()
+    #: In a training step, each module's input gradient, in backward order.
+    backward: tuple[ModuleFigures, ...] = ()
 
     def series(self) -> tuple[ModuleRatio, ...]:
         """Each module's ratio, in order: what the record keeps of the profile."""
-        return tuple(ModuleRatio(m.path, m.ratio) for m in self.modules)
+        return ratios(self.modules)
+
+    def recorded(self) -> Profile:
+        """The record's profile: each module's ratio, forward and backward."""
+        return Profile(self.factor, forward=self.series(), backward=ratios(self.backward))
 
     def first_beyond(self) -> Divergence | None:
-        """The first module beyond its rounding by more than the factor, or non-finite."""
-        for index, figures in enumerate(self.modules):
-            if not beyond(figures, self.factor):
-                continue
-            before = self.modules[index - 1].ratio if index else None
-            return Divergence(
-                module=figures.path,
-                kind=figures.kind,
-                location=figures.location,
-                op=None,
-                ratio=figures.ratio,
-                ratio_before=before,
-                factor=self.factor,
-                direction="forward",
-            )
-        return None
+        """The first module beyond its rounding by more than the factor, or non-finite:
+        in forward, else (a training step) in backward."""
+        return first_beyond(self.modules, self.factor, "forward") or first_beyond(
+            self.backward, self.factor, "backward"
+        )
+
+
+def ratios(modules: tuple[ModuleFigures, ...]) -> tuple[ModuleRatio, ...]:
+    return tuple(ModuleRatio(m.path, m.ratio) for m in modules)
+
+
+def first_beyond(
+    modules: tuple[ModuleFigures, ...], factor: float, direction: str
+) -> Divergence | None:
+    """The first of ``modules`` beyond the factor, or non-finite, as a divergence."""
+    for index, figures in enumerate(modules):
+        if not beyond(figures, factor):
+            continue
+        before = modules[index - 1].ratio if index else None
+        return Divergence(
+            module=figures.path,
+            kind=figures.kind,
+            location=figures.location,
+            op=None,
+            ratio=figures.ratio,
+            ratio_before=before,
+            factor=factor,
+            direction=direction,
+        )
+    return None
 
 
 def beyond(figures: ModuleFigures, factor: float) -> bool:
@@ -182,7 +212,7 @@ def profiled(case: Case, cell: Cell, record: CellRecord) -> CellRecord:
         return record.noted(
             Note(NoteKind.DIVERGENCE, f"no divergence profile: {text}"[:MAX_MESSAGE])
         )
-    record = replace(record, profile=Profile(taken.factor, forward=taken.series()))
+    record = replace(record, profile=taken.recorded())
     if found is None:
         return record.noted(Note(NoteKind.DIVERGENCE, NO_MODULE))
     return replace(record, divergence=found)
@@ -194,11 +224,15 @@ NO_MODULE = (
 )
 
 
+#: The stages a profile is taken of: a forward pass, and a training step (its backward too).
+PROFILED_STAGES = (FORWARD_STAGE, TRAIN_STAGE)
+
+
 def wants_profile(cell: Cell, record: CellRecord) -> bool:
-    """A forward cell, eager, that ran and was judged inaccurate on its output's values (a
-    misshapen output has none to compare module by module)."""
+    """A forward or training cell, eager, that ran and was judged inaccurate on its
+    output's values (a misshapen output has none to compare module by module)."""
     return (
-        cell.stage == FORWARD_STAGE
+        cell.stage in PROFILED_STAGES
         and cell.compile == EAGER
         and record.outcome is Outcome.INACCURATE
         and record.numerics is not None
@@ -236,13 +270,66 @@ def profile(case: Case, cell: Cell, factor: float, whole: bool = True) -> Profil
         keep=model_keep,
         activations=rounds_activations(cell.mode),
         stage=cell.stage,
+        scaling=cell_scaling(case, cell, ctx),
     )
     measuring = Measuring(twins, factor, whole)
-    with hooked(reference.model, measuring.entered, measuring.returned):
+    backward = BackwardMeasuring(twins, factor) if cell.stage == TRAIN_STAGE else None
+    with hooked(reference.model, *both(measuring, backward)):
         run = float64_run(piece, reference, record=False)
     if run.error is not None:
         raise run.error
-    return ProfileFigures(tuple(measuring.figures), factor, tuple(measuring.unmeasured))
+    unmeasured = measuring.unmeasured + (backward.unmeasured if backward else [])
+    return ProfileFigures(
+        tuple(measuring.figures),
+        factor,
+        tuple(unmeasured),
+        backward=backward.in_backward_order() if backward else (),
+    )
+
+
+def both(forward: Measuring, backward: BackwardMeasuring | None) -> tuple[Entered, Returned]:
+    """The hooks of the float64 run: the forward's, and the backward's where it is a
+    training step; none while the backward's measuring calls a module of the run again."""
+    if backward is None:
+        return forward.entered, forward.returned
+
+    def entered(path: str, module: nn.Module, args: Any, kwargs: Any) -> None:
+        if not backward.busy:
+            forward.entered(path, module, args, kwargs)
+            backward.entered(path, module, args, kwargs)
+
+    def returned(path: str, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        if not backward.busy:
+            forward.returned(path, module, args, kwargs, output)
+            backward.returned(path, module, args, kwargs, output)
+
+    return entered, returned
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """The loss scale a cell's gradients are held at: none (``1``), a fixed one
+    (``static``), or the one a dynamic scaler settles on (``dynamic``: for each gradient,
+    :func:`~harness.measure.judge.rounding.held_scale`, the largest power of two up to
+    the GradScaler's initial scale at which it does not overflow; a step's own scale,
+    the smallest over all its gradients, is at most that)."""
+
+    policy: str = "none"
+    static: float = 1.0
+
+    def scale_for(self, grad: torch.Tensor, dtype: str) -> float:
+        if self.policy == DYNAMIC_SCALER:
+            return held_scale(grad, dtype)
+        return self.static if self.policy == STATIC_SCALER else 1.0
+
+
+def cell_scaling(case: Case, cell: Cell, ctx: RunContext) -> Scaling:
+    """The loss scaling the cell's recipe runs (:func:`scaler_policy`; the scale a
+    harness holds for float16 half weights is a dynamic one), none in a forward."""
+    if cell.stage != TRAIN_STAGE:
+        return Scaling()
+    policy = scaler_policy(ctx.precision, ctx.scaler)
+    return Scaling(policy, case.recipe_of(cell.fix).static_scale)
 
 
 def modules_called(
@@ -317,6 +404,7 @@ class Twins:
     keep: tuple[str, ...]
     activations: bool
     stage: str
+    scaling: Scaling = field(default_factory=Scaling)
     noise: torch.Generator = field(default_factory=noise_source)
 
     def cell_output(self, path: str, args: Any, kwargs: Any) -> Any:
@@ -335,6 +423,59 @@ class Twins:
         with _disable_current_modes(), torch.no_grad(), autocast_region(self.precision):
             inputs = map_tensors((args, kwargs), as_cell, same_module)
             return module(*inputs[0], **inputs[1])
+
+    def as_cell(self, module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+        """A float64 tensor as the cell holds it before ``module``: rounded to the cell's
+        dtype, in the module's held dtype, on the cell's device, its ``requires_grad``."""
+        held = held_dtype(module, self.precision.compute_dtype)
+        dtype, device = TORCH_DTYPES[self.dtype], self.precision.device
+
+        def cast(tensor: torch.Tensor) -> torch.Tensor:
+            if not tensor.is_floating_point():
+                return tensor.to(device)
+            cast = tensor.detach().to(dtype).to(device=device, dtype=held)
+            return cast.requires_grad_(tensor.requires_grad)
+
+        return cast
+
+    def cell_gradients(
+        self, path: str, inputs: Any, params: tuple[str, ...], grads: Grads
+    ) -> Tensors:
+        """The cell's module on float64's inputs rounded (as :meth:`cell_output`), under
+        its autocast, its backward fed float64's gradient at its output rounded to the
+        cell's dtype at the scale its recipe holds it: its inputs' and its parameters'
+        gradients, unscaled."""
+        module = self.cell[path]
+        scale = self.scaling.scale_for(largest_of(grads), self.dtype)
+
+        def fed(grad: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+            rounded = (grad * scale).to(TORCH_DTYPES[self.dtype])
+            return rounded.to(device=output.device, dtype=output.dtype)
+
+        with _disable_current_modes():
+            mine = pytree.tree_map_only(torch.Tensor, self.as_cell(module), inputs)
+            found = gradients_of(module, mine, params, grads, fed, autocast_region(self.precision))
+            return [g.double().cpu() / scale for g in found]
+
+    def stick_gradients(
+        self, path: str, inputs: Any, params: tuple[str, ...], grads: Grads
+    ) -> Tensors:
+        """The yardstick's module on float64's inputs rounded, its backward fed float64's
+        gradient at its output rounded as a scaled step holds it
+        (:func:`~harness.measure.judge.rounding.round_gradient`), under the yardstick's
+        rounding: its inputs' and its parameters' gradients."""
+        module = self.stick.get_submodule(path)
+
+        def rounded(tensor: torch.Tensor) -> torch.Tensor:
+            out = round_stored(tensor.detach(), self.dtype, self.noise)
+            return out.requires_grad_(tensor.requires_grad) if out.is_floating_point() else out
+
+        def fed(grad: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+            return round_gradient(grad, self.dtype, self.noise).to(output.dtype)
+
+        with _disable_current_modes():
+            mine = pytree.tree_map_only(torch.Tensor, rounded, inputs)
+            return gradients_of(module, mine, params, grads, fed, self.rounding(path, module))
 
     def stick_output(self, path: str, args: Any, kwargs: Any) -> Any:
         """The yardstick's module on the inputs rounded to the cell's dtype, in float64,
@@ -490,3 +631,199 @@ def forward_site(module: nn.Module) -> str | None:
     except (OSError, TypeError):
         return None
     return f"{Path(source).name}:{line}" if source else None
+
+
+#: Float64's gradient at each floating tensor a module returned (None: none reached it).
+Grads = list["torch.Tensor | None"]
+
+
+def largest_of(grads: Grads) -> torch.Tensor:
+    """The gradient of the largest magnitude (the one a scale must not overflow)."""
+    found = [g for g in grads if g is not None and g.numel()]
+    return max(found, key=lambda g: float(g.abs().max())) if found else torch.zeros(1)
+
+
+def gradients_of(
+    module: nn.Module,
+    inputs: Any,
+    params: tuple[str, ...],
+    grads: Grads,
+    fed: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    region: AbstractContextManager[Any] | None = None,
+) -> Tensors:
+    """``module`` called on ``inputs`` (leaves; copies of them, which it may change in
+    place), under ``region``, its outputs' backward fed ``fed(grad, output)``: the
+    gradients of the inputs that require one and of the parameters named (zeros where
+    none reached one)."""
+    own = dict(module.named_parameters())
+    wanted = [t for t in pytree.tree_leaves(inputs) if is_differentiable(t)]
+    wanted += [own[name].requires_grad_(True) for name in params]
+    with torch.enable_grad():  # a backward hook runs without it
+        args, kwargs = pytree.tree_map_only(torch.Tensor, copied, inputs)
+        with region or nullcontext():
+            outputs = floating(module(*args, **kwargs))
+        if len(outputs) != len(grads):
+            raise ValueError(f"returned {len(outputs)} tensors, float64 {len(grads)}")
+        pairs = [
+            (out, fed(grad, out))
+            for out, grad in zip(outputs, grads, strict=True)
+            if grad is not None and out.requires_grad
+        ]
+        if not pairs or not wanted:
+            return [torch.zeros_like(t) for t in wanted]
+        found = torch.autograd.grad(
+            [o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True
+        )
+    return [torch.zeros_like(t) if g is None else g for g, t in zip(found, wanted, strict=True)]
+
+
+def is_differentiable(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.requires_grad
+
+
+def copied(tensor: torch.Tensor) -> torch.Tensor:
+    """A leaf that requires a gradient as a module is given it: a copy it may change in
+    place, whose backward reaches the leaf."""
+    return tensor.clone() if tensor.requires_grad else tensor
+
+
+def trained_names(module: nn.Module) -> tuple[str, ...]:
+    """The names of ``module``'s parameters that float64 trains."""
+    return tuple(n for n, p in module.named_parameters() if p.requires_grad)
+
+
+@dataclass
+class Call:
+    """One call of a module in the float64 step: where it was entered (its index, in
+    forward order), its inputs (cloned leaves, each requiring a gradient where float64's
+    did), and the gradient each floating tensor it returned received in backward."""
+
+    index: int
+    path: str
+    module: nn.Module
+    inputs: Any
+    grads: Grads = field(default_factory=list)
+    waiting: int = 0
+
+
+@dataclass
+class BackwardMeasuring:
+    """The float64 step's hooks for backward: each module's inputs kept as it is entered,
+    and a hook on each floating tensor it returns; once float64's gradient has reached
+    every one of them, the module's twins are fed it (:meth:`Twins.cell_gradients`,
+    :meth:`Twins.stick_gradients`) and float64's own module again, and compared, and its
+    inputs dropped: what is kept is figures. Ordered as backward finishes the modules
+    (the reverse of the order they were entered: a module after those inside it)."""
+
+    twins: Twins
+    factor: float
+    #: Entered and not yet returned (innermost last).
+    open: list[Call] = field(default_factory=list)
+    #: Returned, their gradients not all in.
+    waiting: list[Call] = field(default_factory=list)
+    entered_count: int = 0
+    figures: list[tuple[int, ModuleFigures]] = field(default_factory=list)
+    unmeasured: list[str] = field(default_factory=list)
+    #: Set while a module of the float64 run is called again (its hooks stand aside).
+    busy: bool = False
+
+    def entered(self, path: str, module: nn.Module, args: Any, kwargs: Any) -> None:
+        self.entered_count += 1
+        with _disable_current_modes():
+            kept = map_tensors(
+                (args, kwargs),
+                lambda t: t.detach().clone().requires_grad_(t.requires_grad),
+                same_module,
+            )
+        self.open.append(Call(self.entered_count, path, module, kept))
+
+    def returned(self, path: str, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        call = None
+        while self.open and call is None:  # those of a module that raised are dropped
+            last = self.open.pop()
+            call = last if last.module is module else None
+        outputs = floating(output)
+        if call is None or not any(t.requires_grad for t in outputs):
+            return
+        call.grads = [None] * len(outputs)
+        for position, tensor in enumerate(outputs):
+            if tensor.requires_grad:
+                call.waiting += 1
+                tensor.register_hook(self.on_gradient(call, position))
+        self.waiting.append(call)
+
+    def on_gradient(self, call: Call, position: int) -> Callable[[torch.Tensor], None]:
+        def hook(grad: torch.Tensor) -> None:
+            call.grads[position] = grad.detach()
+            call.waiting -= 1
+            if not call.waiting:
+                self.measure(call)
+
+        return hook
+
+    def measure(self, call: Call) -> None:
+        """``call``'s figures, its inputs and gradients then dropped; never raises."""
+        self.waiting = [c for c in self.waiting if c is not call]
+        try:
+            figures = self.measured(call)
+        except Exception as error:
+            where = call.path or "the model"
+            self.unmeasured.append(f"{where} (backward): {type(error).__name__}")
+            return
+        finally:
+            call.inputs, call.grads = None, []
+        if figures is not None:
+            self.figures.append((call.index, figures))
+
+    def measured(self, call: Call) -> ModuleFigures | None:
+        site = (call.path, type(call.module).__name__, forward_site(call.module))
+        if beyond_range(call.inputs, self.twins.dtype):
+            return ModuleFigures(*site, math.nan, math.nan, math.nan)
+        params = trained_names(call.module)
+        truth = self.float64_gradients(call, params)
+        if not truth:
+            return None
+        cell = self.twins.cell_gradients(call.path, call.inputs, params, call.grads)
+        stick = self.twins.stick_gradients(call.path, call.inputs, params, call.grads)
+        floor = DTYPE_FLOOR[TORCH_DTYPES[self.twins.dtype]] / self.factor
+        return ModuleFigures(*site, *gradient_ratio(cell, stick, truth, floor))
+
+    def float64_gradients(self, call: Call, params: tuple[str, ...]) -> Tensors:
+        """float64's own gradients of ``call``'s inputs and parameters, its module called
+        again on its inputs (its hooks stand aside) and fed float64's gradient."""
+        self.busy = True
+        try:
+            with _disable_current_modes():
+                return gradients_of(call.module, call.inputs, params, call.grads, same_gradient)
+        finally:
+            self.busy = False
+
+    def in_backward_order(self) -> tuple[ModuleFigures, ...]:
+        """The figures, a module after those inside it and after those it feeds; a module
+        some of whose outputs no gradient reached measured with what reached it."""
+        for call in list(self.waiting):
+            if any(g is not None for g in call.grads):
+                self.measure(call)
+        self.waiting.clear()
+        return tuple(f for _, f in sorted(self.figures, key=lambda pair: -pair[0]))
+
+
+def same_gradient(grad: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+    return grad
+
+
+def gradient_ratio(
+    cell: Tensors, stick: Tensors, truth: Tensors, floor: float
+) -> tuple[float, float, float]:
+    """The error, rounding and ratio of the worst of a module's gradients (of each input
+    and each parameter, each over its own scale: a weight's gradient and an activation's
+    differ by orders of magnitude); NaN where none could be measured."""
+    worst = (math.nan, math.nan, math.nan)
+    for got, held, want in zip(cell, stick, truth, strict=True):
+        error, rounding = compared([got], [want]), compared([held], [want])
+        if not math.isfinite(rounding):
+            continue
+        ratio = error / max(rounding, floor)
+        if math.isnan(worst[2]) or ratio > worst[2]:
+            worst = (error, rounding, ratio)
+    return worst
