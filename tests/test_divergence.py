@@ -395,3 +395,42 @@ def test_the_profile_is_a_typed_field_of_the_record() -> None:
                 profile={"factor": 10.0, "forward": [{"module": "a", "ratio": "x"}]},
             )
         )
+
+
+def toy_cell(name: str, factory: Callable[[], Any], dtype: str = "float16") -> Cell:
+    """The forward cell of a toy registered as ``name``, ``half``."""
+    case = model_case(name, factory, Matrix(dtypes=(dtype,), modes=("half",)), __file__)
+    (cell,) = [c for c in expand([case]).to_run if c.dtype == dtype and c.mode == "half"]
+    return cell
+
+
+def test_profile_asks_for_the_series_of_a_passing_cell() -> None:
+    record = execute.run_cell(toy_cell("toy-asked", toy(None, 2)), profile=True)
+    assert record.outcome is Outcome.PASSES and record.divergence is None
+    assert record.profile is not None and record.profile.forward
+    assert all(m.ratio <= record.profile.factor for m in record.profile.forward)
+    assert not [n for n in record.notes if n.kind is NoteKind.DIVERGENCE]
+
+
+def test_a_model_too_large_says_so_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    def never(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a model too large is profiled")
+
+    monkeypatch.setattr(divergence, "profile", never)
+    # the toy's float64 parameters, about 110 KB, against 100 KB available
+    monkeypatch.setattr(divergence, "available_bytes", lambda: 100_000)
+    record = forward_record("toy-too-large", toy("cancelling-variance", 2), "float16")
+    assert record.outcome is Outcome.INACCURATE and record.profile is None
+    (note,) = [n for n in record.notes if n.kind is NoteKind.DIVERGENCE]
+    assert note.text == "too large to profile: 0.0 GiB in float64"
+
+
+def test_the_profile_keeps_within_the_time_it_is_given() -> None:
+    cell = toy_cell("toy-timed", toy("cancelling-variance", 2))
+    record = execute.run_cell(cell)
+    assert record.numerics is not None and record.profile is not None
+    unprofiled = dataclasses.replace(record, notes=(), profile=None, divergence=None)
+    timed_out = divergence.profiled(registry.get(cell.case), cell, unprofiled, within_s=0.0)
+    assert timed_out.profile is None and timed_out.divergence is None
+    (note,) = [n for n in timed_out.notes if n.kind is NoteKind.DIVERGENCE]
+    assert note.text.startswith("no divergence profile: ProfileTimeout")

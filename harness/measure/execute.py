@@ -24,15 +24,20 @@ from harness.measure.running.crashes import backend_note, crashed, with_changes
 from harness.measure.running.errors import ReferenceFailed, WorkloadFailed
 from harness.measure.running.fix_run import context_for, run_fix_checked
 from harness.schema.axes import Cell
+from harness.schema.config import DEFAULT_TIMEOUT_S
 from harness.schema.records import CellRecord, CrashKind, Outcome, SettingChange
 
 #: The outcomes of cells that ran, which the timing phase then times.
 TIMED_OUTCOMES = (Outcome.PASSES, Outcome.INACCURATE)
 
 
-def run_cell(cell: Cell, worker: str | None = None, trace: bool = True) -> CellRecord:
+def run_cell(
+    cell: Cell, worker: str | None = None, trace: bool = True, profile: bool = False
+) -> CellRecord:
     """Run one cell and return its record. Exceptions of the code under test are outcomes;
-    a failing reference or harness makes the cell ``crashed`` with the real error."""
+    a failing reference or harness makes the cell ``crashed`` with the real error. A cell
+    judged inaccurate (with ``profile``, any that ran) is profiled within half the time its
+    limit has left (:func:`~harness.measure.judge.divergence.profiled`)."""
     case = registry.get(cell.case)
     started = time.perf_counter()
     record = CellRecord(
@@ -48,7 +53,8 @@ def run_cell(cell: Cell, worker: str | None = None, trace: bool = True) -> CellR
             run = run_fix_checked(case, cell.fix, ctx, trace, cell.compile)
         record = replace(record, attn_dtypes=ctx.observation.summary())
         record = classify(case, cell, run, record)
-        record = profiled(case, cell, record)
+        left_s = (case.timeout_s or DEFAULT_TIMEOUT_S) - (time.perf_counter() - started)
+        record = profiled(case, cell, record, every=profile, within_s=max(left_s, 0.0) / 2)
     except ReferenceFailed as failure:
         record = crashed(record, CrashKind.REFERENCE_FAILED, failure.error, case)
     except WorkloadFailed as failure:

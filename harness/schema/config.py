@@ -221,6 +221,15 @@ class RunConfig:
             help="no dtype trail and no drift check in correctness cells (measures their cost)",
         ),
     )
+    #: Profile every cell that ran, passing ones too (``--profile``): the divergence
+    #: profile's series in each record (a cell that passes still has no divergence).
+    profile: bool = field(
+        default=False,
+        metadata=option(
+            flag="--profile",
+            help="take the divergence profile of every cell that ran, passing ones too",
+        ),
+    )
     #: None: correctness only (``--no-timing``), as a stored configuration without it reads.
     timing: TimingConfig | None = field(
         default_factory=TimingConfig,

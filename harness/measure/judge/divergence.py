@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -197,15 +198,22 @@ def beyond(figures: ModuleFigures, factor: float) -> bool:
     return not figures.finite or figures.ratio > factor
 
 
-def profiled(case: Case, cell: Cell, record: CellRecord) -> CellRecord:
+def profiled(
+    case: Case, cell: Cell, record: CellRecord, every: bool = False, within_s: float | None = None
+) -> CellRecord:
     """``record`` with its profile (every module's ratio) and its divergence where it is a
-    cell the profile is for (:func:`wants_profile`); a profile that fails, or finds no
-    module, leaves the verdict as it is and says why in one note."""
-    if not wants_profile(cell, record) or record.numerics is None:
+    cell the profile is for (:func:`wants_profile`; with ``every``, a passing cell's
+    profile too, ``--profile``: its series kept, its divergence None); a profile that
+    fails, runs past ``within_s`` seconds, or finds no module, leaves the verdict as it is
+    and says why in one note, as does a model too large to profile."""
+    if not wants_profile(cell, record, every) or record.numerics is None:
         return record
+    too_large = too_large_note(case, cell)
+    if too_large is not None:
+        return record.noted(too_large)
     try:
         with torch_state.restored([]):
-            taken = profile(case, cell, profile_factor(record.numerics))
+            taken = profile(case, cell, profile_factor(record.numerics), within_s=within_s)
         found = taken.first_beyond()
     except Exception as error:  # the verdict stands whatever the profile does
         text = f"{type(error).__name__}: {error_text(error)}".splitlines()[0]
@@ -213,9 +221,58 @@ def profiled(case: Case, cell: Cell, record: CellRecord) -> CellRecord:
             Note(NoteKind.DIVERGENCE, f"no divergence profile: {text}"[:MAX_MESSAGE])
         )
     record = replace(record, profile=taken.recorded())
+    if record.outcome is Outcome.PASSES:
+        return record
     if found is None:
         return record.noted(Note(NoteKind.DIVERGENCE, NO_MODULE))
     return replace(record, divergence=found)
+
+
+#: The share of the memory available that the profile's float64 copy of a model may take
+#: (it holds three models beside it: the cell's twin, the yardstick's, and the run's own).
+MEMORY_SHARE = 0.25
+
+
+def too_large_note(case: Case, cell: Cell) -> Note | None:
+    """``too large to profile: N GiB in float64`` where the model's float64 copy would take
+    more than ``MEMORY_SHARE`` of the memory available; None where it fits or where the
+    memory available is not known."""
+    free = available_bytes()
+    if free is None:
+        return None
+    needed = float64_bytes(case, cell)
+    if needed <= MEMORY_SHARE * free:
+        return None
+    return Note(NoteKind.DIVERGENCE, f"too large to profile: {needed / 2**30:.1f} GiB in float64")
+
+
+def float64_bytes(case: Case, cell: Cell) -> int:
+    """What the cell's model takes in float64: its floating parameters and buffers, as
+    its workload is built (on the meta device nothing is allocated; a model that cannot
+    be built so counts as small: the profile then finds out)."""
+    ctx = context_for(case, cell, observe=False)
+    try:
+        with torch.device("meta"):
+            model = case.build(ctx).model
+    except Exception:
+        return 0
+    if not isinstance(model, nn.Module):
+        return 0
+    tensors = (*model.parameters(), *model.buffers())
+    return sum(8 * t.numel() for t in tensors if t.is_floating_point())
+
+
+def available_bytes() -> int | None:
+    """The memory the system has available (``MemAvailable`` of ``/proc/meminfo``), None
+    where it does not say."""
+    try:
+        lines = Path("/proc/meminfo").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return None
 
 
 NO_MODULE = (
@@ -228,13 +285,15 @@ NO_MODULE = (
 PROFILED_STAGES = (FORWARD_STAGE, TRAIN_STAGE)
 
 
-def wants_profile(cell: Cell, record: CellRecord) -> bool:
+def wants_profile(cell: Cell, record: CellRecord, every: bool = False) -> bool:
     """A forward or training cell, eager, that ran and was judged inaccurate on its
-    output's values (a misshapen output has none to compare module by module)."""
+    output's values (a misshapen output has none to compare module by module); with
+    ``every``, one that passed too."""
+    judged = (Outcome.INACCURATE, Outcome.PASSES) if every else (Outcome.INACCURATE,)
     return (
         cell.stage in PROFILED_STAGES
         and cell.compile == EAGER
-        and record.outcome is Outcome.INACCURATE
+        and record.outcome in judged
         and record.numerics is not None
         and record.error_type is None
     )
@@ -247,10 +306,15 @@ def profile_factor(numerics: Numerics) -> float:
     return numerics.factor if by_rounding and numerics.factor else ROUNDING_FACTOR
 
 
-def profile(case: Case, cell: Cell, factor: float, whole: bool = True) -> ProfileFigures:
+def profile(
+    case: Case, cell: Cell, factor: float, whole: bool = True, within_s: float | None = None
+) -> ProfileFigures:
     """Each module of the cell's fix, in float64 on the CPU, against its cell's and its
     yardstick's twin on the same inputs (see the module docstring); without ``whole``,
-    those up to the first beyond the factor (the rest of the run measures nothing)."""
+    those up to the first beyond the factor (the rest of the run measures nothing).
+    ``ProfileTimeout`` once ``within_s`` seconds have passed (checked as each module is
+    entered)."""
+    deadline = None if within_s is None else time.monotonic() + within_s
     keep = case.kept_by(cell.fix)
     ctx = context_for(case, cell, observe=False)
     piece = workpiece(cell)._replace(fix=cell.fix)
@@ -274,7 +338,7 @@ def profile(case: Case, cell: Cell, factor: float, whole: bool = True) -> Profil
     )
     measuring = Measuring(twins, factor, whole)
     backward = BackwardMeasuring(twins, factor) if cell.stage == TRAIN_STAGE else None
-    with hooked(reference.model, *both(measuring, backward)):
+    with hooked(reference.model, *both(measuring, backward, deadline)):
         run = float64_run(piece, reference, record=False)
     if run.error is not None:
         raise run.error
@@ -287,19 +351,30 @@ def profile(case: Case, cell: Cell, factor: float, whole: bool = True) -> Profil
     )
 
 
-def both(forward: Measuring, backward: BackwardMeasuring | None) -> tuple[Entered, Returned]:
+class ProfileTimeout(TimeoutError):
+    """The profile ran past the time it was given (the cell's limit is the whole cell's)."""
+
+
+def both(
+    forward: Measuring, backward: BackwardMeasuring | None, deadline: float | None = None
+) -> tuple[Entered, Returned]:
     """The hooks of the float64 run: the forward's, and the backward's where it is a
-    training step; none while the backward's measuring calls a module of the run again."""
-    if backward is None:
-        return forward.entered, forward.returned
+    training step; none while the backward's measuring calls a module of the run again.
+    A module entered past ``deadline`` (``time.monotonic``) stops the run."""
 
     def entered(path: str, module: nn.Module, args: Any, kwargs: Any) -> None:
-        if not backward.busy:
+        if deadline is not None and time.monotonic() > deadline:
+            raise ProfileTimeout("the profile ran past its share of the cell's time limit")
+        if backward is None:
+            forward.entered(path, module, args, kwargs)
+        elif not backward.busy:
             forward.entered(path, module, args, kwargs)
             backward.entered(path, module, args, kwargs)
 
     def returned(path: str, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-        if not backward.busy:
+        if backward is None:
+            forward.returned(path, module, args, kwargs, output)
+        elif not backward.busy:
             forward.returned(path, module, args, kwargs, output)
             backward.returned(path, module, args, kwargs, output)
 
