@@ -17,6 +17,7 @@ from harness.cli.options import probability, ratio_above_one
 from harness.cli.output import INCOMPLETE, existing_run_dir, warn
 from harness.results import storage
 from harness.results.speed import ALPHA, MIN_RATIO
+from harness.schema.text import one_line
 
 if TYPE_CHECKING:  # imported when used: it brings in pandas
     from harness.report.compare import Missing
@@ -79,7 +80,7 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     pairing = pair_runs(existing_run_dir(args.base), existing_run_dir(args.head))
     for line in pairing.left_out:
-        print(f"ampmatrix: {line}", file=sys.stderr)
+        print(f"ampmatrix: {one_line(line)}", file=sys.stderr)
     missing = [unpaired_cells(base_dir, args.head) for base_dir in pairing.unpaired_bases]
     missing += [unpaired_cells(head_dir, args.base) for head_dir in pairing.unpaired_heads]
     regressions = compared = 0
@@ -115,10 +116,13 @@ def gate(regressions: int, missing: Sequence[Missing], allow_missing: bool) -> i
     BASE that HEAD has no record of (unless allowed)."""
     for cells in missing:
         if allow_missing:
-            print(f"ampmatrix: {cells.describe()} (allowed by --allow-missing)", file=sys.stderr)
+            print(
+                f"ampmatrix: {one_line(cells.describe())} (allowed by --allow-missing)",
+                file=sys.stderr,
+            )
         else:
             print(
-                f"ampmatrix: error: {cells.describe()} (--allow-missing accepts it)",
+                f"ampmatrix: error: {one_line(cells.describe())} (--allow-missing accepts it)",
                 file=sys.stderr,
             )
     if regressions:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from harness.cli.options import add_cases_dir
 from harness.schema.axes import EAGER, MODES
+from harness.schema.text import terminal_lines
 
 if TYPE_CHECKING:
     from harness.measure.authoring.case import Case, FailureSignature
@@ -90,7 +91,7 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from harness.runner.run import discover_cases
 
     for case in discover_cases(args.cases_dir):
-        print("\n".join(describe_case(case)), end="\n\n")
+        print(terminal_lines(describe_case(case)), end="\n\n")  # a title is one line
     print("modes:")
     for mode in MODES.values():
         print(f"  {mode.name:<14} {mode.meaning}")

@@ -17,6 +17,7 @@ from harness.cli.compare import gate
 from harness.cli.output import existing_run_dir, warn
 from harness.cli.report import check_output
 from harness.results import storage
+from harness.schema.text import one_line
 
 HELP = (
     "the nightly's verdict: one report over tonight's runs, then each torch release and "
@@ -71,7 +72,7 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     verdict = judge_nights(existing_run_dir(args.last), args.tonight)
     warn(verdict.problems)  # tonight's were said with the report
     for line in verdict.left_out:
-        print(f"ampmatrix: {line}", file=sys.stderr)
+        print(f"ampmatrix: {one_line(line)}", file=sys.stderr)
     if not verdict.cells_compared and not verdict.unjudged:
         raise storage.ResultsError(
             f"{args.last} and {args.tonight} hold no record to compare: nothing compared"
@@ -105,7 +106,8 @@ def render_tonight(runs: Sequence[Path], inputs: Sequence[Path], args: argparse.
         check_output(args.markdown, inputs, "--markdown")
     loaded = load_runs_for_report(runs)
     warn([problem for run in loaded for problem in run.problems])
-    print(f"report: {write_report(render_report(loaded), args.out)} ({len(runs)} runs)")
+    report = write_report(render_report(loaded), args.out)
+    print(f"report: {one_line(str(report))} ({len(runs)} runs)")
     append_markdown(args.markdown, render_markdown(loaded))
 
 

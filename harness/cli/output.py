@@ -13,7 +13,7 @@ from typing import Any, TextIO
 from harness.results import storage
 from harness.schema.axes import Cell
 from harness.schema.records import CellRecord
-from harness.schema.text import terminal_safe
+from harness.schema.text import one_line, terminal_safe
 
 
 class InertWriter:
@@ -56,9 +56,10 @@ def existing_run_dir(path: Path) -> Path:
 
 
 def warn(problems: Sequence[str]) -> None:
-    """Reading problems (file and line) go to stderr; the command goes on with the rest."""
+    """Reading problems (file and line) go to stderr, one line each whatever the file's
+    name or text holds; the command goes on with the rest."""
     for problem in problems:
-        print(f"ampmatrix: warning: {problem}", file=sys.stderr)
+        print(f"ampmatrix: warning: {one_line(problem)}", file=sys.stderr)
 
 
 #: The exit code of a run that ended with planned cells that have no record.
@@ -78,7 +79,7 @@ def show_run(run_dir: Path, report_dir: Path | None) -> int:
     records = storage.read_records(run_dir)
     print()
     print(render_summary(records, device_names(run_dir, records)))
-    print(f"\nresults: {run_dir / storage.CELLS_FILE}")
+    print(f"\nresults: {one_line(str(run_dir / storage.CELLS_FILE))}")
     if report_dir:
         from harness.report.aggregate import load_run
         from harness.report.writing import render_report, write_report
@@ -86,7 +87,7 @@ def show_run(run_dir: Path, report_dir: Path | None) -> int:
         report = write_report(
             render_report([load_run(run_dir, records)]), report_dir / f"{run_dir.name}.html"
         )
-        print(f"report:  {report}")
+        print(f"report:  {one_line(str(report))}")
     return report_missing(run_dir, missing_cells(run_dir, records))
 
 
@@ -107,8 +108,11 @@ def report_missing(run_dir: Path, missing: Sequence[Cell]) -> int:
         return 0
     print(f"\nampmatrix: {len(missing)} planned cells have no record:", file=sys.stderr)
     for cell in missing[:MAX_MISSING_SHOWN]:
-        print(f"  {cell.id}", file=sys.stderr)
+        print(f"  {one_line(cell.id)}", file=sys.stderr)
     if len(missing) > MAX_MISSING_SHOWN:
         print(f"  ... and {len(missing) - MAX_MISSING_SHOWN} more", file=sys.stderr)
-    print(f"finish them with: python -m harness run --resume {run_dir}", file=sys.stderr)
+    print(
+        f"finish them with: python -m harness run --resume {one_line(str(run_dir))}",
+        file=sys.stderr,
+    )
     return INCOMPLETE

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from harness.cli.output import existing_run_dir, warn
 from harness.results import storage
+from harness.schema.text import one_line
 
 if TYPE_CHECKING:
     from harness.report.aggregate import Run
@@ -71,12 +72,13 @@ def report_command(args: argparse.Namespace, drawing: Drawing) -> int:
         base = baseline_run(args.baseline)
         comparison = compare_runs(base, load_run(existing_run_dir(args.run_dirs[-1])))
     warn([p for loaded in runs for p in loaded.problems])
-    print(f"report: {write_report(render_report(runs, comparison, drawing), out)}")
+    report = write_report(render_report(runs, comparison, drawing), out)
+    print(f"report: {one_line(str(report))}")
     if args.markdown:
         from harness.report.markdown import render_markdown
 
         storage.append_whole(args.markdown, render_markdown(runs).encode())
-        print(f"summary: {args.markdown}")
+        print(f"summary: {one_line(str(args.markdown))}")
     return 0
 
 

@@ -55,6 +55,7 @@ from harness.schema.records import CellRecord, Outcome, outcome_label
 from harness.schema.releases import torch_release
 from harness.schema.run_files import Environment
 from harness.schema.stats import quartiles
+from harness.schema.text import terminal_lines
 
 NOT_OK = (Outcome.RAISES, Outcome.INACCURATE, Outcome.CRASHED, Outcome.TIMEOUT)
 #: How many missing cells a message names before "... and K more".
@@ -483,4 +484,4 @@ def render_comparison(comparison: Comparison) -> str:
         for v in ("regression", "improvement", "changed", "ambiguous")
     }
     lines.append("  " + ", ".join(f"{n} {v}" for v, n in counts.items()))
-    return "\n".join(lines)
+    return terminal_lines(lines)

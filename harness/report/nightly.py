@@ -48,6 +48,7 @@ from harness.report.compare import (
 from harness.report.markdown import markdown_table
 from harness.schema.axes import CONTROL_FIX, CONTROL_MODE, Cell
 from harness.schema.records import CellRecord, Outcome
+from harness.schema.text import markdown_safe, terminal_lines
 
 #: Tonight's outcomes that end a cell with an error.
 ERRORS = (Outcome.RAISES, Outcome.CRASHED, Outcome.TIMEOUT)
@@ -226,7 +227,7 @@ def render_verdict(verdict: NightVerdict, allow_missing: bool = False) -> str:
     lines = [f"{'FAIL' if j.failing else '    '} {j.describe()}" for j in ordered]
     lines += verdict.noise
     lines.append(summary_line(verdict, allow_missing))
-    return "\n".join(lines)
+    return terminal_lines(lines)  # a line break in a GPU's name forges no line
 
 
 def summary_line(verdict: NightVerdict, allow_missing: bool = False) -> str:
@@ -258,5 +259,5 @@ def render_verdict_markdown(verdict: NightVerdict, allow_missing: bool = False) 
         header = ["judgement", "cell", "environment", "last night", "tonight"]
         lines += [*markdown_table(header, rows), ""]
     if verdict.noise:
-        lines += [f"- {noise}" for noise in verdict.noise] + [""]
+        lines += [f"- {markdown_safe(noise)}" for noise in verdict.noise] + [""]
     return "\n".join(lines) + "\n"

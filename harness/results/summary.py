@@ -22,6 +22,7 @@ from harness.schema.devices import CPU, device_kind
 from harness.schema.gpus import environment_label
 from harness.schema.records import LABELS, CellRecord, NoteKind, Outcome, outcome_label
 from harness.schema.stages import stage_as_read
+from harness.schema.text import one_line, terminal_lines
 
 SPEED_LEGEND = (
     " (c: ratio to the case's fp32 control, f: to the column's fastest fix that passes with no"
@@ -91,6 +92,9 @@ def case_table(
 
 
 def format_rows(rows: list[list[str]]) -> list[str]:
+    """A table's rows as aligned lines of a terminal: each cell one line (a case's name or
+    an outcome from a record cannot break a row), padded to its column's width."""
+    rows = [[one_line(value) for value in row] for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return [
         "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in rows
@@ -305,4 +309,4 @@ def render_summary(records: Sequence[CellRecord], names: DeviceNames | None = No
         lines.append(noise)
     lines += skipped_lines(records)
     lines += [LEGEND, MODES_LEGEND]
-    return "\n".join(lines)
+    return terminal_lines(lines)

@@ -12,6 +12,7 @@ from harness.results.summary import format_rows
 from harness.schema.axes import Cell
 from harness.schema.records import CellRecord, Outcome
 from harness.schema.releases import torch_release
+from harness.schema.text import terminal_lines
 
 
 @dataclass(frozen=True)
@@ -70,4 +71,4 @@ def render_bisect(records: Sequence[CellRecord]) -> str:
         lines += ["  " + change.describe() for change in changes]
     else:
         lines.append(f"no outcome changes across torch {', '.join(versions)}")
-    return "\n".join(lines)
+    return terminal_lines(lines)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from harness.results.summary import failure_line
 from harness.schema.records import CellRecord, Outcome, outcome_label
+from harness.schema.text import one_line
 
 
 def progress_label(record: CellRecord) -> str:
@@ -17,7 +18,7 @@ def progress_label(record: CellRecord) -> str:
     if record.divergence is not None:
         label = f"{label}: {record.divergence.describe()}"
     detail = failure_line(record)
-    return f"{label}  {detail}" if detail else label
+    return one_line(f"{label}  {detail}" if detail else label)
 
 
 def timing_label(record: CellRecord) -> str:
@@ -33,12 +34,13 @@ def timing_label(record: CellRecord) -> str:
 
 def column_label(timed: list[CellRecord]) -> str:
     """``timed`` and a line per fix of a column with its figures."""
-    fixes = [f"\n    {r.cell.fix} [{r.cell.backend}]: {timing_label(r)}" for r in timed]
-    return "timed" + "".join(fixes)
+    fixes = [one_line(f"{r.cell.fix} [{r.cell.backend}]: {timing_label(r)}") for r in timed]
+    return "timed" + "".join(f"\n    {fix}" for fix in fixes)
 
 
 class Progress:
-    """Prints ``[done/total] name  label`` lines."""
+    """Prints ``[done/total] name  label`` lines; ``name`` (a cell's id) is one line, and so
+    is each line of ``label`` (:func:`progress_label`, :func:`column_label`)."""
 
     def __init__(self, total: int) -> None:
         self.total = total
@@ -47,4 +49,5 @@ class Progress:
     def line(self, name: str, label: str) -> None:
         self.done += 1
         width = len(str(self.total))
-        print(f"[{self.done:>{width}}/{self.total}] {name}  {label}", flush=True)
+        # the label's line breaks are the harness's own (a column's fixes, one a line)
+        print(f"[{self.done:>{width}}/{self.total}] {one_line(name)}  {label}", flush=True)
