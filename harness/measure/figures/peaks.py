@@ -13,12 +13,14 @@ import fcntl
 import json
 import os
 import socket
+import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 from harness.results import storage
 from harness.schema import env_vars
+from harness.schema.text import one_line
 
 CACHE_FILE = "peaks.json"
 
@@ -42,8 +44,15 @@ def peak_key(device_model: str, dtype: str, torch_version: str, threads: int) ->
     return f"{host}|{device_model}|{dtype}|torch {torch_version}|{threads} threads"
 
 
+#: The most GFLOP/s a cached peak may claim: 100 PFLOP/s, fifty times the densest GPU's
+#: float8 figure. A larger one (or zero, a negative or a non-finite figure) was not measured
+#: by this harness, and would make every timing's share of the peak a wrong number.
+MAX_GFLOPS = 1e8
+
+
 def read_cache() -> dict[str, Any]:
-    """The cached peaks; an unreadable cache is ignored (it is only a cache)."""
+    """The cached peaks as the file holds them; an unreadable cache is ignored (it is only
+    a cache). Each entry is checked where it is used (:func:`entry_problem`)."""
     try:
         data = json.loads((cache_dir() / CACHE_FILE).read_text())
     except (OSError, ValueError):
@@ -51,30 +60,78 @@ def read_cache() -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def cached_peak(key: str, now: datetime | None = None) -> dict[str, Any] | None:
-    """``{"gflops": ..., "measured_at": ...}`` when measured recently enough, else None."""
-    entry = read_cache().get(key)
-    if not isinstance(entry, dict) or not isinstance(entry.get("gflops"), int | float):
-        return None
+def entry_problem(entry: object, now: datetime) -> str | None:
+    """What is wrong with a cached entry, or None for one that can be used: its figure a
+    finite number of GFLOP/s in (0, ``MAX_GFLOPS``], its time an ISO time with its zone (a
+    naive time's age cannot be told) and not in the future (it would be reused forever)."""
+    if not isinstance(entry, dict):
+        return f"not an object ({type(entry).__name__})"
+    gflops = entry.get("gflops")
+    if isinstance(gflops, bool) or not isinstance(gflops, int | float):
+        return f"gflops {gflops!r} is not a number"
+    if not 0 < gflops <= MAX_GFLOPS:  # NaN fails too
+        return f"gflops {gflops!r} is not a finite figure in (0, {MAX_GFLOPS:g}]"
+    measured_at = entry.get("measured_at")
     try:
-        measured = datetime.fromisoformat(str(entry["measured_at"]))
-    except (KeyError, ValueError):
+        measured = datetime.fromisoformat(measured_at) if isinstance(measured_at, str) else None
+    except ValueError:
+        measured = None
+    if measured is None:
+        return f"measured_at {measured_at!r} is not an ISO time"
+    if measured.utcoffset() is None:
+        return f"measured_at {measured_at!r} has no zone"
+    if measured > now:
+        return f"measured_at {measured_at!r} is in the future"
+    return None
+
+
+def cached_peak(key: str, now: datetime | None = None) -> dict[str, Any] | None:
+    """``{"gflops": ..., "measured_at": ...}`` when measured recently enough, else None. A
+    bad entry is named in a warning and ignored: the peak is measured again and replaces it."""
+    now = now or datetime.now(timezone.utc)
+    entries = read_cache()
+    if key not in entries:
         return None
-    if (now or datetime.now(timezone.utc)) - measured > max_age():
+    entry = entries[key]
+    problem = entry_problem(entry, now)
+    if problem is not None:
+        warn_bad_entry(key, problem)
         return None
-    return entry
+    if now - datetime.fromisoformat(entry["measured_at"]) > max_age():
+        return None
+    return {"gflops": float(entry["gflops"]), "measured_at": entry["measured_at"]}
+
+
+def warn_bad_entry(key: str, problem: str) -> None:
+    """One line on stderr naming the cache file, the entry and what is wrong with it."""
+    print(
+        one_line(
+            f"ampmatrix: warning: {cache_dir() / CACHE_FILE}: peak {key!r}: {problem}: "
+            "ignored, measured again"
+        ),
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def store_peak(key: str, gflops: float, now: datetime | None = None) -> dict[str, Any]:
     """Add a measured peak to the cache (under a lock: workers measure side by side); a
     cache that cannot be written is left as it is."""
-    entry = {"gflops": gflops, "measured_at": (now or datetime.now(timezone.utc)).isoformat()}
+    now = now or datetime.now(timezone.utc)
+    entry = {"gflops": gflops, "measured_at": now.isoformat()}
     folder = cache_dir()
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with (folder / ".lock").open("w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            storage.write_json_atomic(folder / CACHE_FILE, {**read_cache(), key: entry})
+            storage.write_json_atomic(folder / CACHE_FILE, {**usable_entries(now), key: entry})
     except (OSError, storage.ResultsError):
         pass
     return entry
+
+
+def usable_entries(now: datetime) -> dict[str, Any]:
+    """The cache's entries that pass :func:`entry_problem` (old ones too: another thread
+    count's may still be recent enough for its max age); a bad one is dropped as the cache
+    is written again."""
+    return {k: v for k, v in read_cache().items() if entry_problem(v, now) is None}
