@@ -3,13 +3,16 @@ files, and one loop streaming results back from a forked child."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Generator, Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from harness.results import storage
+from harness.runner import isolation
 from harness.schema import migrations
 from harness.schema.axes import Cell
 from harness.schema.records import (
@@ -98,3 +101,57 @@ def test_the_migrations_write_values_todays_enums_still_read() -> None:
     record = CellRecord.from_dict(old)
     assert (record.crash_kind, record.timing_error) == (CrashKind.PROCESS_DIED, "killed")
     assert [(note.kind, note.text) for note in record.notes] == [(NoteKind.JOINED, "joined")]
+
+
+def counting_child(dies_at: int | None) -> Callable[[Callable[[Any], None]], None]:
+    """A child that sends each item times ten, and dies (as a segfaulting fix does) on the
+    item ``dies_at``."""
+
+    def child(send: Callable[[Any], None]) -> None:
+        for item in (1, 2, 3, 4):
+            if item == dies_at:
+                os._exit(3)
+            send(item * 10)
+
+    return child
+
+
+def stream_of(dies_at: int | None, after: list[Sequence[int]]) -> Generator[str, None, None]:
+    def alone(rest: Sequence[int]) -> list[str]:
+        after.append(rest)
+        return [f"{item} alone" for item in rest]
+
+    return isolation.streamed(
+        (1, 2, 3, 4),
+        counting_child(dies_at),
+        isolation.Fork(threads=1, memory_bytes=None, whose="the counting process"),
+        limit=lambda item: 30.0,
+        took=lambda item, value: f"{item}: {value}",
+        lost=lambda item, lost: f"{item} lost: {lost.failure}",
+        after_loss=alone,
+    )
+
+
+def test_the_one_streaming_loop_costs_a_dead_child_only_its_item() -> None:
+    after: list[Sequence[int]] = []
+    assert list(stream_of(None, after)) == ["1: 10", "2: 20", "3: 30", "4: 40"]
+    assert after == []
+    assert list(stream_of(3, after)) == [
+        "1: 10",
+        "2: 20",
+        "3 lost: the counting process exited with code 3 without a result",
+        "4 alone",
+    ]
+    assert after == [(4,)]
+    assert list(stream_of(4, after))[-1] == (
+        "4 lost: the counting process exited with code 3 without a result"
+    )
+    assert after == [(4,)]  # nothing after the last item: nothing handed on
+
+
+def test_a_reader_that_stops_reading_ends_the_child_and_hands_nothing_on() -> None:
+    after: list[Sequence[int]] = []
+    with closing(stream_of(2, after)) as results:
+        assert next(results) == "1: 10"
+        assert next(results).startswith("2 lost")
+    assert after == []

@@ -20,11 +20,11 @@ The forked child itself, its time limit and how it failed, is ``harness.runner.f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from contextlib import closing
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -48,6 +48,54 @@ def limits_for(cell: Cell, limits: Limits) -> Limits:
     case = registry.find(cell.case)
     own = case.timeout_s if case else None
     return replace(limits, timeout_s=own) if own else limits
+
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+#: Who a timing child is, in its failures' words.
+TIMING_PROCESS = "the timing process"
+
+
+@dataclass(frozen=True)
+class Fork:
+    """How a child is forked: its thread count, its memory limit, and who it is in its
+    failures' words."""
+
+    threads: int
+    memory_bytes: int | None
+    whose: str = "the cell's process"
+
+
+def streamed(
+    items: Sequence[Item],
+    child: Callable[[Callable[[Any], None]], None],
+    fork: Fork,
+    *,
+    limit: Callable[[Item], float],
+    took: Callable[[Item, Any], Result],
+    lost: Callable[[Item, Forked], Result],
+    after_loss: Callable[[Sequence[Item]], Iterable[Result]],
+    whose: Callable[[Item], str] | None = None,
+) -> Generator[Result, None, None]:
+    """The one loop that streams results back from a forked child, for cells, timed
+    columns and a case's shared figures alike: ``child(send)`` computes ``items`` in order
+    in one child, sending one value per item, and each is read within the item's own time
+    limit (``limit``) and made a result as it comes (``took``), so one fork serves them
+    all. The item whose child dies or overruns is ``lost``, which costs only that item:
+    the items after it are handed to ``after_loss`` (each in a child of its own, say). A
+    reader that stops reading ends the child. ``whose`` names the child by the item it is
+    computing, where the fork's ``whose`` does not say enough."""
+    done = len(items)
+    with ForkedStream(child, fork.threads, fork.memory_bytes, fork.whose) as stream:
+        for n, item in enumerate(items):
+            got = stream.next(limit(item), whose(item) if whose else None)
+            if got.failure is not None:
+                yield lost(item, got)
+                done = n + 1
+                break
+            yield took(item, got.value)
+    if done < len(items):
+        yield from after_loss(items[done:])
 
 
 #: The worker's torch settings when it started, before any case module was imported; put
@@ -107,11 +155,10 @@ def compute_shared(
     returns why. Where it is a dtype's baseline (a model that crashes only in float16, say),
     that dtype's baseline is the failure, its cells are judged by the rounding yardstick,
     and the parts after it are computed in a fresh child."""
-    parts = shared_parts(piece)
-    while parts:
-        parts, failure = compute_shared_parts(piece, device, parts, limits, threads)
-        if failure is not None:
-            return failure
+    with closing(shared_results(piece, device, shared_parts(piece), limits, threads)) as results:
+        for result in results:
+            if result.stop:
+                return result.failure
     return None
 
 
@@ -133,27 +180,49 @@ def computing(part: str) -> str:
     return f"the process computing the {part} baseline"
 
 
-def compute_shared_parts(
-    piece: references.Workpiece, device: str, parts: tuple[str, ...], limits: Limits, threads: int
-) -> tuple[tuple[str, ...], str | None]:
-    """``parts`` computed in order in one forked child and held here. Returns the parts
-    still to compute (those after a baseline whose child died or overran, which is held as
-    that baseline's failure) and why the reference could not be had, if it could not (a
-    reference that raised is no failure here: each cell then records what it raised)."""
-    work = partial(shared_parts_in_child, piece, device, parts)
-    with ForkedStream(work, threads, limits.memory_bytes) as stream:
-        for n, part in enumerate(parts):
-            got = stream.next(limits.timeout_s, computing(part))
-            if part == REFERENCE_PART:
-                if got.failure is not None or got.value is None:
-                    return (), got.failure
-                references.remember_reference_figures(piece, got.value)
-            elif got.failure is None:
-                references.remember_baseline(piece, device, part, Baseline(**got.value))
-            else:
-                references.remember_baseline(piece, device, part, Baseline({}, got.failure))
-                return parts[n + 1 :], None
-    return (), None
+@dataclass(frozen=True)
+class SharedPart:
+    """What came of one part of the shared figures, held here as it came: whether no part
+    after it is computed, and why no cell can be judged, where none can (a reference that
+    raised stops the parts with no failure: each cell then records what it raised)."""
+
+    stop: bool = False
+    failure: str | None = None
+
+
+def shared_results(
+    piece: references.Workpiece, device: str, parts: Sequence[str], limits: Limits, threads: int
+) -> Generator[SharedPart, None, None]:
+    """``parts`` computed in order in one forked child (``streamed``), each held here as it
+    comes. A baseline whose child died or overran is held as that baseline's failure, and
+    the parts after it are computed in a fresh child."""
+    return streamed(
+        parts,
+        partial(shared_parts_in_child, piece, device, tuple(parts)),
+        Fork(threads, limits.memory_bytes),
+        limit=lambda _: limits.timeout_s,
+        took=partial(took_part, piece, device),
+        lost=partial(lost_part, piece, device),
+        after_loss=lambda rest: shared_results(piece, device, rest, limits, threads),
+        whose=computing,
+    )
+
+
+def took_part(piece: references.Workpiece, device: str, part: str, value: Any) -> SharedPart:
+    if part != REFERENCE_PART:
+        references.remember_baseline(piece, device, part, Baseline(**value))
+        return SharedPart()
+    if value is None:
+        return SharedPart(stop=True)
+    references.remember_reference_figures(piece, value)
+    return SharedPart()
+
+
+def lost_part(piece: references.Workpiece, device: str, part: str, lost: Forked) -> SharedPart:
+    if part == REFERENCE_PART:
+        return SharedPart(stop=True, failure=lost.failure)
+    references.remember_baseline(piece, device, part, Baseline({}, lost.failure))
+    return SharedPart()
 
 
 def shared_parts_in_child(
@@ -196,22 +265,22 @@ def run_cells_isolated(
         for cell in cells:
             yield shared_failed(cell, shared_failure, worker)
         return
-    stream = ForkedStream(
+
+    def took(cell: Cell, value: Any) -> CellRecord:
+        record = CellRecord.from_dict(value)
+        return replace(record, notes=(settled, *record.notes)) if settled else record
+
+    yield from streamed(
+        cells,
         lambda send: run_cells_in_child(cells, worker, trace, send),
-        threads,
-        limits_of(cells[0]).memory_bytes,
+        Fork(threads, limits_of(cells[0]).memory_bytes),
+        limit=lambda cell: limits_of(cell).timeout_s,
+        took=took,
+        lost=lambda cell, lost: failed_cell(cell, lost, worker),
+        after_loss=lambda rest: (
+            run_cell_isolated(cell, worker, limits_of(cell), threads, trace) for cell in rest
+        ),
     )
-    with stream:
-        for n, cell in enumerate(cells):
-            got = stream.next(limits_of(cell).timeout_s)
-            if got.failure is None:
-                record = CellRecord.from_dict(got.value)
-                yield replace(record, notes=(settled, *record.notes)) if settled else record
-                continue
-            yield failed_cell(cell, got, worker)
-            for rest in cells[n + 1 :]:
-                yield run_cell_isolated(rest, worker, limits_of(rest), threads, trace)
-            return
 
 
 def batch_records(
@@ -269,24 +338,17 @@ def time_columns_isolated(
     its own (``time_column_isolated``)."""
     settle_worker()
     perf.warm_up()
-    stream = ForkedStream(
+    yield from streamed(
+        columns,
         lambda send: time_columns_in_child(columns, config, worker, send),
-        threads,
-        limits.memory_bytes,
-        whose="the timing process",
+        Fork(threads, limits.memory_bytes, TIMING_PROCESS),
+        limit=lambda column: limits.timeout_s * len(column),
+        took=lambda column, value: timed_records(value),
+        lost=lambda column, lost: timed_alone(column, config, worker, limits, threads),
+        after_loss=lambda rest: (
+            time_column_isolated(column, config, worker, limits, threads) for column in rest
+        ),
     )
-    with stream:
-        for n, column in enumerate(columns):
-            got = stream.next(limits.timeout_s * len(column))
-            if got.failure is None:
-                timed = [CellRecord.from_dict(data) for data in got.value]
-                remember_peaks(timed)
-                yield timed
-                continue
-            yield timed_alone(column, config, worker, limits, threads)
-            for rest in columns[n + 1 :]:
-                yield time_column_isolated(rest, config, worker, limits, threads)
-            return
 
 
 def timed_columns(
@@ -325,12 +387,10 @@ def time_column_isolated(
         limits.timeout_s * len(records),
         threads,
         limits.memory_bytes,
-        whose="the timing process",
+        whose=TIMING_PROCESS,
     )
     if forked.failure is None:
-        timed = [CellRecord.from_dict(data) for data in forked.value]
-        remember_peaks(timed)
-        return timed
+        return timed_records(forked.value)
     if len(records) == 1:
         failure = f"timing failed: {forked.failure}"[: errors.MAX_MESSAGE]
         return [replace(records[0], timing_error=failure)]
@@ -354,6 +414,13 @@ def alone_note(record: CellRecord) -> CellRecord:
 
 
 TIMED_ALONE = "timed alone: another fix of its column killed the shared timing process"
+
+
+def timed_records(values: list[Any]) -> list[CellRecord]:
+    """A column's records as its timing process sent them, its peaks held here."""
+    timed = [CellRecord.from_dict(data) for data in values]
+    remember_peaks(timed)
+    return timed
 
 
 def remember_peaks(records: list[CellRecord]) -> None:
