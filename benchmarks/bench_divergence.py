@@ -6,13 +6,31 @@ the module. Printed per module, in the order the modules return, for the 12-laye
 ``tests/test_divergence.py`` with a variance by cancellation in block 2's norm, and for the
 built-in ``t5-wo-keep-fp32`` (fix ``none``), both float16 ``half`` on the CPU.
 
-    python benchmarks/bench_divergence.py
+``--cost``: what the profile costs, side by side in one process. A failing cell (the
+pre-norm transformer of ``zoo/divergence_models.py``, 12 and 48 layers deep, with a
+variance by cancellation in its middle block's first norm, float16 ``half``) run as
+``check`` runs it (``execute.run_cell``) without the profile and with it, and the ratio of
+the two against the target of 3 times; then a passing cell (its healthy twin) without and
+with: the profile adds nothing to a cell that passes. Each figure the median of
+``--repeats`` runs' wall time after one run of each not counted, the two arms
+interleaved so a load on the machine falls on both, on one thread as ``check``'s workers
+run a cell (a float16 linear on two threads of a loaded CPU takes milliseconds).
+
+    python benchmarks/bench_divergence.py [--cost] [--repeats N] [--gate]
+
+``--gate`` exits non-zero where a failing cell's profile costs more than the target or a
+passing cell is profiled.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
+import statistics
 import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +39,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from harness.measure import execute  # noqa: E402
 from harness.measure.authoring import registry  # noqa: E402
 from harness.measure.authoring.model_case import Matrix, model_case  # noqa: E402
+from harness.measure.judge import divergence  # noqa: E402
 from harness.measure.judge.divergence import (  # noqa: E402
     compared,
     floating,
@@ -45,7 +65,10 @@ from harness.measure.running.fix_run import (  # noqa: E402
     prepared_workload,
     run_fix_checked,
 )
-from harness.schema.axes import Cell  # noqa: E402
+from harness.runner.matrix import expand  # noqa: E402
+from harness.schema.axes import FORWARD_STAGE, Cell  # noqa: E402
+from harness.schema.records import CellRecord, Outcome  # noqa: E402
+from zoo.divergence_models import transformer  # noqa: E402
 
 Outputs = dict[str, list[torch.Tensor]]
 
@@ -115,8 +138,99 @@ def show(case_name: str, cell: Cell) -> None:
         print(f"  {name:<24} (a) {a:>10.3g}   (b) {ratio:>10.3g}   growth {growth:>8.3g}")
 
 
-def main() -> None:
-    registry.discover()
+#: The profile of a failing cell must cost less than this many times its plain run.
+COST_TARGET = 3.0
+#: The bug the cost is measured on, the depths and the cell.
+COST_BUG, COST_LAYERS, COST_DTYPE = "cancelling-variance", (12, 48), "float16"
+
+
+def forward_cell(name: str, factory: Callable[[], Any]) -> Cell:
+    """The model's forward cell in float16 ``half``, as ``check`` plans it."""
+    case = model_case(name, factory, Matrix(dtypes=(COST_DTYPE,), modes=("half",)), __file__)
+    (cell,) = [
+        c
+        for c in expand([case]).to_run
+        if (c.stage, c.dtype, c.mode) == (FORWARD_STAGE, COST_DTYPE, "half")
+    ]
+    return cell
+
+
+@contextmanager
+def unprofiled() -> Iterator[None]:
+    """While it lasts, ``run_cell`` takes no profile: no cell is one the profile is for
+    (the record as judged)."""
+    wants = divergence.wants_profile
+
+    def never(*args: Any, **kwargs: Any) -> bool:
+        return False
+
+    divergence.wants_profile = never
+    try:
+        yield
+    finally:
+        divergence.wants_profile = wants
+
+
+def timed(cell: Cell, profiled: bool) -> tuple[float, CellRecord]:
+    """One run of the cell, with or without the profile: its wall time and record."""
+    started = time.perf_counter()
+    if profiled:
+        record = execute.run_cell(cell)
+    else:
+        with unprofiled():
+            record = execute.run_cell(cell)
+    return time.perf_counter() - started, record
+
+
+def plain_and_profiled(cell: Cell, repeats: int) -> tuple[float, float, CellRecord]:
+    """The median wall time of the cell without the profile and with it, interleaved, and
+    the record of a run with it."""
+    plain: list[float] = []
+    with_profile: list[float] = []
+    timed(cell, profiled=False)  # the first run of a cell builds what later ones reuse
+    record = None
+    for _ in range(repeats):
+        plain.append(timed(cell, profiled=False)[0])
+        seconds, record = timed(cell, profiled=True)
+        with_profile.append(seconds)
+    assert record is not None
+    return statistics.median(plain), statistics.median(with_profile), record
+
+
+def cost(repeats: int) -> bool:
+    """Print the profile's cost on a failing and a passing cell at each depth; whether the
+    failing cells stay within the target and the passing ones take no profile."""
+    torch.set_num_threads(1)
+    print(
+        f"\nthe profile's cost: run_cell without / with it, median of {repeats} "
+        f"(torch {torch.__version__}, threads: {torch.get_num_threads()})"
+    )
+    print(f"  {'model':<34} {'outcome':<11} {'without':>8} {'with':>8} {'ratio':>6}  target")
+    within = True
+    for layers in COST_LAYERS:
+        depth = layers // 2
+        for healthy in (False, True):
+            twin = "healthy twin" if healthy else f"{COST_BUG} at {depth}"
+            name = f"cost-{layers}l-{'healthy' if healthy else 'bug'}"
+            cell = forward_cell(name, transformer(layers, COST_BUG, depth, healthy))
+            plain, profiled, record = plain_and_profiled(cell, repeats)
+            ratio = profiled / plain
+            failing = record.outcome is Outcome.INACCURATE
+            target = f"<= {COST_TARGET:g}x" if failing else "nothing added"
+            ok = record.profile is not None if failing else record.profile is None
+            ok = ok and (ratio <= COST_TARGET if failing else True)
+            within = within and ok
+            label = f"{layers} layers, {twin}"
+            print(
+                f"  {label:<34} {record.outcome.value:<11} {plain:>7.2f}s {profiled:>7.2f}s "
+                f"{ratio:>5.2f}x  {target}{'' if ok else '  MISSED'}"
+            )
+            if record.divergence is not None:
+                print(f"    {record.divergence.describe()}")
+    return within
+
+
+def attribution() -> None:
     from test_divergence import toy  # the toy models of the tests
 
     model_case(
@@ -132,5 +246,18 @@ def main() -> None:
     )
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cost", action="store_true", help="the profile's cost alone")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each arm (3)")
+    parser.add_argument("--gate", action="store_true", help="exit 1 where a figure misses")
+    args = parser.parse_args(argv)
+    registry.discover()
+    if not args.cost:
+        attribution()
+    within = cost(args.repeats)
+    return 1 if args.gate and not within else 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
