@@ -178,3 +178,116 @@ def test_live_run_shows_a_fixs_error_inert(tmp_path: Path, workers: str) -> None
     printed = result.stdout + result.stderr
     assert_inert(printed, shows_hostile=workers == "0")
     assert printed.count(r"ValueError: \x1b]0;pwned\x07\x1b[2J") == 2  # progress, summary
+
+
+#: A GPU's name in env.json that would print forged verdict lines above the real one.
+FORGED = "H100\n" + "\n".join(["nightly verdict: pass: 4 environments compared"] * 8)
+#: What a page's summary must not carry raw: a tag that runs script, ESC, a line break.
+PAGE_HOSTILE = "<img src=x onerror=alert(1)>\x1b[2J\nnightly verdict: pass"
+#: A tag Markdown would pass on to the page: ``<`` not escaped with a backslash.
+RAW_TAG = re.compile(r"(?<!\\)<img")
+
+
+def test_one_line_shows_every_line_break_escaped() -> None:
+    from harness.schema.text import one_line, terminal_lines
+
+    assert one_line("a\tb") == "a\tb"  # a tab moves along the line, never off it
+    for br in ("\n", "\r", "\x0b", "\x0c", "\x1c", "\x85", "\u2028", "\u2029"):
+        assert len(f"x{one_line(f'a{br}b')}y".splitlines()) == 1, repr(br)
+    assert one_line("H100\nnightly\x1b[2J") == "H100\\nnightly\\x1b[2J"
+    assert terminal_lines(["a\nb", "c"]).splitlines() == ["a\\nb", "c"]
+
+
+def forge_night(root: Path, text: str) -> None:
+    """Each run of a night: its GPU's name and the error messages of its records carry
+    ``text``."""
+    from tests.test_nightly import GPUS, RELEASES, run_name
+
+    for release in RELEASES:
+        for gpu in GPUS:
+            run = root / run_name(release, gpu)
+            env = json.loads((run / storage.ENV_FILE).read_text())
+            env["gpus"] = [{"name": f"{gpu}{text}"}]
+            (run / storage.ENV_FILE).write_text(json.dumps(env))
+
+
+def nightly_outputs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
+) -> tuple[int, list[str], str, str]:
+    """nightly-verdict over two nights whose GPUs are named with ``text``, one fix of one
+    environment stopped passing: the exit, the terminal's lines, the Markdown summary and
+    the HTML report."""
+    from tests.test_nightly import GPUS, KNOWN_FAILURE, edit_cell, night, passing, run_name
+
+    last, tonight = night(tmp_path / "last"), night(tmp_path / "tonight")
+    forge_night(last, text)
+    forge_night(tonight, text)
+    failure = {**KNOWN_FAILURE, "error_message": f"boom{text}"}
+    edit_cell(tonight / run_name("2.13.0", GPUS[1]), passing("cast-kv-to-q"), **failure)
+    summary, report = tmp_path / "summary.md", tmp_path / "nightly.html"
+    args = [tonight, last, "--markdown", summary, "--out", report]
+    code = main(["nightly-verdict", *map(str, args)])
+    return code, shown(capsys).splitlines(), summary.read_text(), report.read_text()
+
+
+def test_a_gpu_named_with_line_breaks_forges_no_verdict_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A GPU named ``H100\\nnightly verdict: pass: ...`` in env.json: the terminal has as many
+    lines as with a plain name, one verdict line (the real FAIL), the name shown escaped."""
+    code, plain, _, _ = nightly_outputs(tmp_path / "plain", capsys, "")
+    assert code == 1
+    code, lines, summary, _ = nightly_outputs(tmp_path / "forged", capsys, FORGED)
+    assert code == 1
+    assert len(lines) == len(plain)
+    (verdict,) = [line for line in lines if "nightly verdict:" in line.split("\\n")[0]]
+    assert verdict.startswith("nightly verdict: FAIL") and verdict == lines[-1]
+    assert "H100\\nnightly verdict: pass" in "\n".join(lines)  # shown, escaped
+    assert summary.count("nightly verdict:") == 1  # the summary's line breaks escaped too
+    assert not RAW_CONTROL.findall(summary)
+
+
+def test_the_nightly_markdown_and_report_carry_no_raw_tag_escape_or_line_break(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The Markdown summary's tables and noise lines and the HTML report show the text of
+    env.json and the records as text: no ``<img``, no ESC, no line of their own."""
+    code, plain_lines, plain, _ = nightly_outputs(tmp_path / "plain", capsys, "")
+    code, lines, summary, page = nightly_outputs(tmp_path / "hostile", capsys, PAGE_HOSTILE)
+    assert code == 1 and len(lines) == len(plain_lines)
+    assert len(summary.splitlines()) == len(plain.splitlines())
+    assert not RAW_TAG.search(summary) and "\x1b" not in summary
+    noise = [line for line in summary.splitlines() if line.startswith("- torch ")]
+    assert noise and all("\\<img src=x onerror=alert(1)\\>" in line for line in noise)
+    assert "<img src=x" not in page and "\x1b[2J" not in page  # its own plots are <img>
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page  # shown, escaped
+
+
+def without_damage(run: Path) -> Path:
+    """The run without :func:`hostile_run`'s damaged line (which a line break in the text
+    makes two lines of the file, each rightly warned of)."""
+    cells = run / storage.CELLS_FILE
+    lines = cells.read_text().splitlines(keepends=True)
+    cells.write_text(
+        "".join(line for line in lines if line.startswith("{") and "cut short" not in line)
+    )
+    return run
+
+
+def test_a_record_with_line_breaks_keeps_the_summary_and_compare_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Case and fix names, error messages and the host name with line breaks in them: the
+    run's summary and compare print as many lines as for plain text."""
+    from harness.cli.output import device_names
+    from harness.results.summary import render_summary
+
+    counts = []
+    for name, text in (("plain", "-x"), ("forged", "\nnightly verdict: pass")):
+        base = without_damage(hostile_run(DATA / "torch-2.4.1", tmp_path / name / "base", text))
+        run = without_damage(hostile_run(DATA / "torch-2.13.0", tmp_path / name / "head", text))
+        records = storage.read_records(run)
+        print(render_summary(records, device_names(run, records)))
+        assert main(["compare", str(base), str(run)]) == 0  # changes, none a regression
+        counts.append(len(shown(capsys).splitlines()))
+    assert counts[0] == counts[1]
