@@ -4,8 +4,10 @@ files, and one loop streaming results back from a forked child."""
 from __future__ import annotations
 
 import os
+import pickle
 from collections.abc import Callable, Generator, Sequence
 from contextlib import closing
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,17 @@ from harness.schema.records import (
     Outcome,
 )
 from harness.schema.run_files import Environment, RunPlan
+from harness.schema.typed import (
+    FieldError,
+    FieldTypeError,
+    FieldValueError,
+    as_mapping,
+    as_tuple,
+    check_fields,
+    compiled,
+    member,
+    mismatch,
+)
 from harness.schema.versions import VERSION_KEY, checked_version
 
 RECORD = CellRecord(
@@ -155,3 +168,65 @@ def test_a_reader_that_stops_reading_ends_the_child_and_hands_nothing_on() -> No
         assert next(results) == "1: 10"
         assert next(results).startswith("2 lost")
     assert after == []
+
+
+@dataclass(frozen=True)
+class Inner:
+    share: float | None = None
+
+
+@dataclass(frozen=True)
+class Outer:
+    inner: Inner | list[Inner] | None = None
+    names: list[str] = field(default_factory=list)
+
+
+def test_a_mismatch_carries_its_field_what_was_expected_and_what_came() -> None:
+    """Errors carry their parts as fields; the text is what a reader prints, unchanged."""
+    with pytest.raises(TypeError) as wrong:
+        check_fields(Outer(inner=Inner(share="x"), names=[]))  # type: ignore[arg-type]
+    error = wrong.value
+    assert isinstance(error, FieldTypeError)
+    assert (error.mismatch.field, error.mismatch.expected, error.mismatch.got) == (
+        "inner.share",
+        "a number or null",
+        "str 'x'",
+    )
+    assert str(error) == "inner.share: expected a number or null, got str 'x'"
+    with pytest.raises(FieldTypeError) as listed:
+        check_fields(Outer(names=["a", 3]))  # type: ignore[list-item]
+    assert listed.value.mismatch.field == "names[1]"
+
+
+def test_a_union_names_the_deeper_field_by_its_path_not_its_text() -> None:
+    """Of a union's alternatives, the problem found inside the value is told apart from
+    the value's own by its field (the text of both starts alike)."""
+    problem = compiled(Inner | list[Inner] | None)([Inner(share="x")], "inner")  # type: ignore[arg-type]
+    assert problem is not None and problem.field == "inner[0].share"
+    own = compiled(Inner | list[Inner] | None)(3, "inner")
+    assert own is not None and (own.field, own.got) == ("inner", "int 3")
+
+
+def test_enum_and_shape_errors_carry_fields_and_are_the_errors_readers_catch() -> None:
+    with pytest.raises(ValueError) as value:
+        member(Outcome, "rasies", "outcome")
+    assert isinstance(value.value, FieldValueError)
+    assert value.value.mismatch.field == "outcome"
+    with pytest.raises(TypeError) as shape:
+        as_mapping([], "record")
+    assert isinstance(shape.value, FieldError)
+    assert str(shape.value) == "record: expected an object, got list []"
+    assert (
+        str(shape.value.within("cells[2]")) == "cells[2].record: expected an object, got list []"
+    )
+    with pytest.raises(TypeError, match=r"^notes: expected a list, got int 3$"):
+        as_tuple(3, "notes")
+
+
+def test_a_mismatch_is_text_wherever_text_goes() -> None:
+    """A problem list, a message, a pickle to another process: a mismatch is its text."""
+    problem = mismatch("cpu_count", int, "two")
+    assert problem == "cpu_count: expected int, got str 'two'"
+    again = pickle.loads(pickle.dumps(problem))
+    assert (again, again.field, again.expected) == (problem, "cpu_count", "int")
+    assert "; ".join([problem, "other"]).startswith("cpu_count: expected int")

@@ -306,13 +306,12 @@ def stored_config(data: dict[str, Any], version: int) -> RunConfig:
 
 
 def cell_at(data: Any, where: str) -> Cell:
+    fields = as_mapping(data, where)
     try:
-        return Cell.from_dict(as_mapping(data, where))
+        return Cell.from_dict(fields)
     except KeyError as error:
         raise ValueError(f"{where}: no {error.args[0]}") from error
     except (TypeError, ValueError) as error:
-        if str(error).startswith(where):
-            raise
         raise type(error)(f"{where}.{error}") from error
 
 

@@ -21,8 +21,54 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-Check = Callable[[Any, str], "str | None"]
+Check = Callable[[Any, str], "Mismatch | None"]
 FieldChecks = tuple[tuple[str, Check], ...]
+
+
+class Mismatch(str):
+    """A value that does not fit its field: the text a reader prints (``perf.rel_err:
+    expected a number, got str 'x'``), and its parts as fields, ``field`` (the path from
+    the top of what is read), ``expected`` and ``got``. Code that needs a part reads it
+    here, never back from the text."""
+
+    field: str
+    expected: str
+    got: str
+
+    def __new__(cls, field: str, expected: str, got: str) -> Mismatch:
+        text = super().__new__(cls, f"{field}: expected {expected}, got {got}")
+        text.field, text.expected, text.got = field, expected, got
+        return text
+
+    def __reduce__(self) -> tuple[type[Mismatch], tuple[str, str, str]]:
+        return Mismatch, (self.field, self.expected, self.got)
+
+    def within(self, outer: str) -> Mismatch:
+        """The same mismatch, its field named from ``outer`` (``cells[3].dtype``)."""
+        return Mismatch(f"{outer}.{self.field}" if self.field else outer, self.expected, self.got)
+
+
+class FieldError(Exception):
+    """A value read back that does not fit its field, raised with its :class:`Mismatch`
+    (``mismatch``): a ``FieldTypeError`` or a ``FieldValueError``, so the ``except
+    TypeError`` and ``except ValueError`` of readers still catch it."""
+
+    def __init__(self, mismatch: Mismatch) -> None:
+        super().__init__(mismatch)
+        self.mismatch = mismatch
+
+    def within(self, outer: str) -> FieldError:
+        """The same error, its field named from ``outer``."""
+        return type(self)(self.mismatch.within(outer))
+
+
+class FieldTypeError(FieldError, TypeError):
+    """A value of the wrong type for its field."""
+
+
+class FieldValueError(FieldError, ValueError):
+    """A value of the field's type that is not one the field takes (an enum's)."""
+
 
 #: Values whose fit to a field's type depends on their type alone (not on what they hold).
 ATOMIC = (str, int, float, bool, type(None), enum.Enum)
@@ -77,8 +123,9 @@ def _check_each(obj: Any, checks: FieldChecks, where: str) -> None:
     for name, check in checks:
         value = getattr(obj, name)
         # checked with no name first: a field's name is built only for a problem
-        if check(value, "") is not None:
-            raise TypeError(check(value, f"{where}{name}"))
+        problem = check(value, "")
+        if problem is not None:
+            raise FieldTypeError(check(value, f"{where}{name}") or problem)
 
 
 def _class_checks(cls: type) -> ClassChecks:
@@ -153,7 +200,7 @@ def compiled(hint: Any) -> Check:
 
 
 def _union_check(hint: Any, checks: list[Check], optional: bool) -> Check:
-    def check(value: Any, name: str) -> str | None:
+    def check(value: Any, name: str) -> Mismatch | None:
         if value is None and optional:
             return None
         problems = []
@@ -162,10 +209,8 @@ def _union_check(hint: Any, checks: list[Check], optional: bool) -> Check:
             if problem is None:
                 return None
             problems.append(problem)
-        own = f"{name}: expected "  # a problem found deeper names the field inside
-        return next((p for p in problems if not p.startswith(own)), None) or mismatch(
-            name, hint, value
-        )
+        # a problem found deeper names the field inside
+        return next((p for p in problems if p.field != name), None) or mismatch(name, hint, value)
 
     return check
 
@@ -173,7 +218,7 @@ def _union_check(hint: Any, checks: list[Check], optional: bool) -> Check:
 def _sequence_check(hint: Any, kind: type, item: Check) -> Check:
     exact: frozenset[type] = getattr(item, "exact_types", frozenset())
 
-    def check(value: Any, name: str) -> str | None:
+    def check(value: Any, name: str) -> Mismatch | None:
         items: Sequence[Any] = value
         if not isinstance(items, kind):
             return mismatch(name, hint, value)
@@ -185,7 +230,7 @@ def _sequence_check(hint: Any, kind: type, item: Check) -> Check:
 
 
 def _mapping_check(hint: Any, key: Check, item: Check) -> Check:
-    def check(value: Any, name: str) -> str | None:
+    def check(value: Any, name: str) -> Mismatch | None:
         if not isinstance(value, dict):
             return mismatch(name, hint, value)
         for k, v in value.items():
@@ -198,13 +243,13 @@ def _mapping_check(hint: Any, key: Check, item: Check) -> Check:
 
 
 def _dataclass_check(hint: Any) -> Check:
-    def check(value: Any, name: str) -> str | None:
+    def check(value: Any, name: str) -> Mismatch | None:
         if not isinstance(value, hint):
             return mismatch(name, hint, value)
         try:
             check_fields(value, f"{name}.")
-        except TypeError as error:
-            return str(error)
+        except FieldError as error:
+            return error.mismatch
         return None
 
     return check
@@ -222,7 +267,7 @@ def _scalar_check(hint: Any, alternatives: tuple[Any, ...] | None = None) -> Che
     allowed = tuple({t for kind in kinds for t in ((int, float) if kind is float else (kind,))})
     no_bool = bool not in kinds and any(kind in (int, float) for kind in kinds)
 
-    def check(value: Any, name: str) -> str | None:
+    def check(value: Any, name: str) -> Mismatch | None:
         if isinstance(value, allowed) and not (no_bool and isinstance(value, bool)):
             return None
         return mismatch(name, hint, value)
@@ -244,17 +289,16 @@ def member(kind: type[E], value: Any, name: str) -> E:
         return kind(value)
     except (TypeError, ValueError, RecursionError):  # the enum's message holds its repr
         allowed = "one of " + ", ".join(str(m.value) for m in kind)
-        raise ValueError(mismatch(name, allowed, value)) from None
+        raise FieldValueError(mismatch(name, allowed, value)) from None
 
 
 def made(kind: type[D], value: Any, name: str) -> D:
     """The dataclass ``kind`` from a JSON object of its fields; a ``TypeError`` naming the
     field for anything else (a field missing or unknown)."""
+    fields = as_mapping(value, name)
     try:
-        return kind(**as_mapping(value, name))
+        return kind(**fields)
     except TypeError as error:
-        if str(error).startswith(name):
-            raise
         raise TypeError(f"{name}: {error}") from None
 
 
@@ -263,19 +307,21 @@ def as_tuple(value: Any, name: str) -> tuple[Any, ...]:
     if value is None:
         return ()
     if not isinstance(value, list | tuple):
-        raise TypeError(mismatch(name, list, value).replace("expected list", "expected a list"))
+        raise FieldTypeError(mismatch(name, "a list", value))
     return tuple(value)
 
 
 def as_mapping(value: Any, name: str) -> dict[str, Any]:
     """A JSON object as a dict; anything else is a ``TypeError``."""
     if not isinstance(value, dict):
-        raise TypeError(mismatch(name, dict, value).replace("expected dict", "expected an object"))
+        raise FieldTypeError(mismatch(name, "an object", value))
     return value
 
 
-def mismatch(name: str, hint: Any, value: Any) -> str:
-    return f"{name}: expected {describe(hint)}, got {type(value).__name__} {shown(value)}"
+def mismatch(name: str, hint: Any, value: Any) -> Mismatch:
+    """What a reader says of ``value`` in the field ``name`` where ``hint`` (a type, or
+    words: ``"a version number"``) was expected."""
+    return Mismatch(name, describe(hint), f"{type(value).__name__} {shown(value)}")
 
 
 def shallow_repr() -> reprlib.Repr:
