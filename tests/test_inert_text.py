@@ -261,6 +261,7 @@ def test_the_nightly_markdown_and_report_carry_no_raw_tag_escape_or_line_break(
     assert noise and all("\\<img src=x onerror=alert(1)\\>" in line for line in noise)
     assert "<img src=x" not in page and "\x1b[2J" not in page  # its own plots are <img>
     assert "&lt;img src=x onerror=alert(1)&gt;" in page  # shown, escaped
+    assert not RAW_CONTROL.search(page)  # no ESC, no bidi override reordering the text
 
 
 def without_damage(run: Path) -> Path:
@@ -291,3 +292,15 @@ def test_a_record_with_line_breaks_keeps_the_summary_and_compare_lines(
         assert main(["compare", str(base), str(run)]) == 0  # changes, none a regression
         counts.append(len(shown(capsys).splitlines()))
     assert counts[0] == counts[1]
+
+
+def test_the_html_report_shows_outside_text_with_its_controls_escaped(tmp_path: Path) -> None:
+    """Case and fix names, error messages and the host name carrying ESC sequences and a
+    bidi override: the page shows them escaped (``\\u202e``), never raw, so no text of the
+    page is reordered or hidden."""
+    from harness.report import aggregate, writing
+
+    run = without_damage(hostile_run(DATA / "torch-2.13.0", tmp_path / "run"))
+    page = writing.render_report([aggregate.load_run(run)])
+    assert not RAW_CONTROL.search(page)
+    assert "\\u202egnp.exe" in page  # shown, escaped

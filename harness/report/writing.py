@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 from harness.report.render import report_view_while
 from harness.results import storage
+from harness.schema.text import terminal_safe
 
 if TYPE_CHECKING:
     import jinja2
@@ -34,8 +35,21 @@ def template_environment() -> jinja2.Environment:
     return Environment(
         loader=PackageLoader("harness.report", "templates"),
         autoescape=select_autoescape(default=True, default_for_string=True),
+        finalize=shown_in_html,
         trim_blocks=False,
     )
+
+
+def shown_in_html(value: object) -> object:
+    """Every text a template shows, before Jinja escapes its ``<>&"'``: its control
+    characters (ESC, a bidi override that reorders the text after it) shown escaped, as a
+    terminal shows them (:func:`~harness.schema.text.terminal_safe`); the report's own
+    markup (``Markup``: its SVG pictures) as it is."""
+    from markupsafe import Markup
+
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return terminal_safe(value)
+    return value
 
 
 def report_template() -> jinja2.Template:
