@@ -236,7 +236,7 @@ def test_the_profile_names_the_injected_module(bug: str, depth: int, dtype: str)
     assert (found.kind, found.location) == (kind.__name__, forward_line(kind))
     assert found.ratio > found.factor == 10.0
     assert found.ratio_before is not None and found.ratio_before <= found.factor
-    assert found.direction == "forward" and found.op is None
+    assert found.direction == "forward" and found.op is not None  # the op: test_divergence_ops
     assert f"inaccurate: {found.describe()}" in progress_label(record)
     assert f"at {injected(bug, depth)} ({kind.__name__}, " in found.describe()
     assert_the_series_is_whole(record, found)

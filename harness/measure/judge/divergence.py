@@ -85,6 +85,7 @@ from torch.utils.hooks import RemovableHandle
 
 from harness.measure.authoring.case import Case, RunContext, Workload
 from harness.measure.host import torch_state
+from harness.measure.judge.divergence_ops import in_the_fix, module_first_op
 from harness.measure.judge.numerics import DTYPE_FLOOR, ROUNDING_FACTOR, as_float64_cpu
 from harness.measure.judge.references import (
     float64_run,
@@ -133,6 +134,8 @@ class ModuleFigures:
     error: float
     rounding: float
     ratio: float
+    #: The op inside it that crossed, and its call's line (only of the first to cross).
+    op: str | None = None
 
     @property
     def finite(self) -> bool:
@@ -184,7 +187,7 @@ def first_beyond(
             module=figures.path,
             kind=figures.kind,
             location=figures.location,
-            op=None,
+            op=figures.op,
             ratio=figures.ratio,
             ratio_before=before,
             factor=factor,
@@ -223,6 +226,9 @@ def profiled(
     record = replace(record, profile=taken.recorded())
     if record.outcome is Outcome.PASSES:
         return record
+    if found is None:  # between modules: the op in the fix's own code, if one did
+        non_finite = record.numerics is not None and not record.numerics.finite
+        found = in_the_fix(case, cell, taken.factor, non_finite)
     if found is None:
         return record.noted(Note(NoteKind.DIVERGENCE, NO_MODULE))
     return replace(record, divergence=found)
@@ -664,7 +670,11 @@ class Measuring:
         rounding = compared(floating(self.twins.stick_output(path, args, kwargs)), reference)
         floor = DTYPE_FLOOR[TORCH_DTYPES[self.twins.dtype]] / self.factor
         ratio = error / max(rounding, floor) if math.isfinite(rounding) else math.nan
-        return ModuleFigures(*site, error, rounding, ratio)
+        figures = ModuleFigures(*site, error, rounding, ratio)
+        if beyond(figures, self.factor) and not any(beyond(f, self.factor) for f in self.figures):
+            op = module_first_op(self.twins, path, module, inputs, self.factor, not figures.finite)
+            figures = replace(figures, op=op.named())
+        return figures
 
 
 def floating(output: Any) -> Tensors:
