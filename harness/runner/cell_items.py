@@ -87,6 +87,7 @@ class PlanFile(pytest.File):
                 run_dir=run_dir,
                 limits=limits,
                 trace=config.trace,
+                profile=config.profile,
             )
             if device_kind(cells[0].device) == CUDA:  # one worker owns each GPU
                 cells_item.add_marker(pytest.mark.xdist_group(cells[0].device))
@@ -124,13 +125,21 @@ class CellsItem(pytest.Item):
     """Runs cells of one case, in order, in forked processes (``run_cells_isolated``)."""
 
     def __init__(
-        self, *, cells: list[Cell], run_dir: Path, limits: Limits, trace: bool, **kwargs: Any
+        self,
+        *,
+        cells: list[Cell],
+        run_dir: Path,
+        limits: Limits,
+        trace: bool,
+        profile: bool = False,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.cells = cells
         self.run_dir = run_dir
         self.limits = limits
         self.trace = trace
+        self.profile = profile
 
     def runtest(self) -> None:
         threads = cell_threads()
@@ -143,7 +152,7 @@ class CellsItem(pytest.Item):
 
     def records(self, worker: str, threads: int) -> Iterator[CellRecord]:
         limits = partial(limits_for, limits=self.limits)
-        return batch_records(self.cells, worker, limits, threads, self.trace)
+        return batch_records(self.cells, worker, limits, threads, self.trace, self.profile)
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, None, self.name

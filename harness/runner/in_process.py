@@ -52,7 +52,12 @@ def append(run_dir: Path, record: CellRecord) -> None:
 
 
 def run_batches_here(
-    run_dir: Path, batches: list[list[Cell]], limits: Limits, threads: int, trace: bool
+    run_dir: Path,
+    batches: list[list[Cell]],
+    limits: Limits,
+    threads: int,
+    trace: bool,
+    profile: bool = False,
 ) -> list[CellRecord]:
     """The correctness phase's batches, one after another; each record is appended as its
     cell ends, and all of them are returned for the run's next phase."""
@@ -61,7 +66,7 @@ def run_batches_here(
     limits_of = partial(limits_for, limits=limits)
     records: list[CellRecord] = []
     for batch in batches:
-        for record in batch_records(batch, WORKER, limits_of, threads, trace):
+        for record in batch_records(batch, WORKER, limits_of, threads, trace, profile):
             append(run_dir, record)
             records.append(record)
             progress.line(record.cell.id, progress_label(record))

@@ -241,10 +241,16 @@ def shared_parts_in_child(
 
 
 def run_cell_isolated(
-    cell: Cell, worker: str, limits: Limits, threads: int, trace: bool = True
+    cell: Cell,
+    worker: str,
+    limits: Limits,
+    threads: int,
+    trace: bool = True,
+    profile: bool = False,
 ) -> CellRecord:
     """Run one cell in a child process, within its limits; always returns a record."""
-    with closing(run_cells_isolated([cell], worker, lambda _: limits, threads, trace)) as one:
+    cells = run_cells_isolated([cell], worker, lambda _: limits, threads, trace, profile)
+    with closing(cells) as one:
         return next(one)
 
 
@@ -254,11 +260,13 @@ def run_cells_isolated(
     limits_of: Callable[[Cell], Limits],
     threads: int,
     trace: bool = True,
+    profile: bool = False,
 ) -> Generator[CellRecord, None, None]:
     """Run cells of one case in order, all in one forked child, each record coming back as
     its cell ends: one fork instead of one per cell. Each cell has its own time limit.
     When a cell kills the child or overruns, it is recorded as such and every cell after it
-    runs in a child of its own (``run_cell_isolated``)."""
+    runs in a child of its own (``run_cell_isolated``). ``profile``: every cell that ran
+    profiled, passing ones too (``--profile``)."""
     settled = settle_worker()
     shared_failure = warm_parent(cells[0], limits_of(cells[0]), threads, trace)
     if shared_failure is not None:
@@ -272,13 +280,14 @@ def run_cells_isolated(
 
     yield from streamed(
         cells,
-        lambda send: run_cells_in_child(cells, worker, trace, send),
+        lambda send: run_cells_in_child(cells, worker, trace, send, profile),
         Fork(threads, limits_of(cells[0]).memory_bytes),
         limit=lambda cell: limits_of(cell).timeout_s,
         took=took,
         lost=lambda cell, lost: failed_cell(cell, lost, worker),
         after_loss=lambda rest: (
-            run_cell_isolated(cell, worker, limits_of(cell), threads, trace) for cell in rest
+            run_cell_isolated(cell, worker, limits_of(cell), threads, trace, profile)
+            for cell in rest
         ),
     )
 
@@ -289,12 +298,13 @@ def batch_records(
     limits_of: Callable[[Cell], Limits],
     threads: int,
     trace: bool = True,
+    profile: bool = False,
 ) -> Iterator[CellRecord]:
     """Each cell's record as it ends (``run_cells_isolated``); where the harness itself
     failed around the cells, a record of each cell left that says why."""
     done = 0
     try:
-        for record in run_cells_isolated(cells, worker, limits_of, threads, trace):
+        for record in run_cells_isolated(cells, worker, limits_of, threads, trace, profile):
             done += 1
             yield record
     except Exception as error:  # the harness failed around the cells: record why
@@ -303,10 +313,14 @@ def batch_records(
 
 
 def run_cells_in_child(
-    cells: list[Cell], worker: str, trace: bool, send: Callable[[Any], None]
+    cells: list[Cell],
+    worker: str,
+    trace: bool,
+    send: Callable[[Any], None],
+    profile: bool = False,
 ) -> None:
     for cell in cells:
-        send(execute.run_cell(cell, worker, trace).to_dict())
+        send(execute.run_cell(cell, worker, trace, profile).to_dict())
 
 
 def shared_failed(cell: Cell, failure: str, worker: str) -> CellRecord:

@@ -183,7 +183,10 @@ def run_batches(
     fitting.use_steps(config.fit_steps)
     if workers == 0:
         threads = threads_per_worker(0)
-        recorded.add(run_batches_here(run_dir, batches, config.limits, threads, config.trace))
+        records = run_batches_here(
+            run_dir, batches, config.limits, threads, config.trace, config.profile
+        )
+        recorded.add(records)
         return 0
     code = launch_cells(run_dir, batches, workers)
     recorded.reread(run_dir)
