@@ -47,8 +47,8 @@ def test_every_option_field_is_a_flag_with_its_declared_help_and_default(command
     actions = by_flag(parser)
     declared = declared_options(RunConfig)
     assert [d.option.flag for d in declared] == [
-        "--out", "--workers", "--no-trace", "--no-timing", "--time-budget", "--flush-l2",
-        "--timeout", "--memory-limit", "--batch", "--fit-steps",
+        "--out", "--workers", "--no-trace", "--profile", "--no-timing", "--time-budget",
+        "--flush-l2", "--timeout", "--memory-limit", "--batch", "--fit-steps",
     ]  # fmt: skip
     text = parser.format_help()
     for d in declared:
