@@ -11,7 +11,8 @@ pre-norm transformer of ``zoo/divergence_models.py``, 12 and 48 layers deep, wit
 variance by cancellation in its middle block's first norm, float16 ``half``) run as
 ``check`` runs it (``execute.run_cell``) without the profile and with it, and the ratio of
 the two against the target of 3 times; then a passing cell (its healthy twin) without and
-with: the profile adds nothing to a cell that passes. Each figure the median of
+with: the profile adds nothing to a cell that passes. The same for a training step of the
+12-layer model, its backward profiled too. Each figure the median of
 ``--repeats`` runs' wall time after one run of each not counted, the two arms
 interleaved so a load on the machine falls on both, on one thread as ``check``'s workers
 run a cell (a float16 linear on two threads of a loaded CPU takes milliseconds).
@@ -66,7 +67,7 @@ from harness.measure.running.fix_run import (  # noqa: E402
     run_fix_checked,
 )
 from harness.runner.matrix import expand  # noqa: E402
-from harness.schema.axes import FORWARD_STAGE, Cell  # noqa: E402
+from harness.schema.axes import FORWARD_STAGE, TRAIN_STAGE, Cell  # noqa: E402
 from harness.schema.records import CellRecord, Outcome  # noqa: E402
 from zoo.divergence_models import transformer  # noqa: E402
 
@@ -140,17 +141,19 @@ def show(case_name: str, cell: Cell) -> None:
 
 #: The profile of a failing cell must cost less than this many times its plain run.
 COST_TARGET = 3.0
-#: The bug the cost is measured on, the depths and the cell.
-COST_BUG, COST_LAYERS, COST_DTYPE = "cancelling-variance", (12, 48), "float16"
+#: The bug the cost is measured on, the cell's dtype, and the depths and stages.
+COST_BUG, COST_DTYPE = "cancelling-variance", "float16"
+COST_CELLS = ((12, FORWARD_STAGE), (48, FORWARD_STAGE), (12, TRAIN_STAGE))
 
 
-def forward_cell(name: str, factory: Callable[[], Any]) -> Cell:
-    """The model's forward cell in float16 ``half``, as ``check`` plans it."""
-    case = model_case(name, factory, Matrix(dtypes=(COST_DTYPE,), modes=("half",)), __file__)
+def stage_cell(name: str, factory: Callable[[], Any], stage: str = FORWARD_STAGE) -> Cell:
+    """The model's ``stage`` cell in float16 ``half``, as ``check`` plans it."""
+    matrix = Matrix(dtypes=(COST_DTYPE,), modes=("half",), stages=(stage,))
+    case = model_case(name, factory, matrix, __file__)
     (cell,) = [
         c
         for c in expand([case]).to_run
-        if (c.stage, c.dtype, c.mode) == (FORWARD_STAGE, COST_DTYPE, "half")
+        if (c.stage, c.dtype, c.mode) == (stage, COST_DTYPE, "half")
     ]
     return cell
 
@@ -205,14 +208,14 @@ def cost(repeats: int) -> bool:
         f"\nthe profile's cost: run_cell without / with it, median of {repeats} "
         f"(torch {torch.__version__}, threads: {torch.get_num_threads()})"
     )
-    print(f"  {'model':<34} {'outcome':<11} {'without':>8} {'with':>8} {'ratio':>6}  target")
+    print(f"  {'model':<42} {'outcome':<11} {'without':>8} {'with':>8} {'ratio':>6}  target")
     within = True
-    for layers in COST_LAYERS:
+    for layers, stage in COST_CELLS:
         depth = layers // 2
         for healthy in (False, True):
             twin = "healthy twin" if healthy else f"{COST_BUG} at {depth}"
-            name = f"cost-{layers}l-{'healthy' if healthy else 'bug'}"
-            cell = forward_cell(name, transformer(layers, COST_BUG, depth, healthy))
+            name = f"cost-{layers}l-{stage}-{'healthy' if healthy else 'bug'}"
+            cell = stage_cell(name, transformer(layers, COST_BUG, depth, healthy), stage)
             plain, profiled, record = plain_and_profiled(cell, repeats)
             ratio = profiled / plain
             failing = record.outcome is Outcome.INACCURATE
@@ -220,9 +223,9 @@ def cost(repeats: int) -> bool:
             ok = record.profile is not None if failing else record.profile is None
             ok = ok and (ratio <= COST_TARGET if failing else True)
             within = within and ok
-            label = f"{layers} layers, {twin}"
+            label = f"{layers} layers {stage}, {twin}"
             print(
-                f"  {label:<34} {record.outcome.value:<11} {plain:>7.2f}s {profiled:>7.2f}s "
+                f"  {label:<42} {record.outcome.value:<11} {plain:>7.2f}s {profiled:>7.2f}s "
                 f"{ratio:>5.2f}x  {target}{'' if ok else '  MISSED'}"
             )
             if record.divergence is not None:

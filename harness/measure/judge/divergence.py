@@ -21,7 +21,23 @@ The first module whose ratio crosses the factor, or whose output is non-finite w
 float64's is finite, is the cell's :class:`~harness.schema.divergence.Divergence`. The
 factor is the one the cell's verdict used where the rounding decided it (10); a cell
 judged against a trusted fix's error (factor 3) is profiled against the rounding with the
-rounding's factor, since the profile's yardstick is the rounding.
+rounding's factor, since the profile's yardstick is the rounding. With ``--profile``
+(``run_cell(profile=True)``) a passing cell is profiled too: its series kept, its
+divergence None. Where the first module crosses, the op inside it that did is named
+(:mod:`harness.measure.judge.divergence_ops`); where none does, the fix's own code is
+searched for one.
+
+**Backward.** In a training cell the float64 step's backward is profiled too. Each
+module's inputs are kept as it is entered, and a hook on each floating tensor it returns
+waits for float64's gradient there; once every one has it, the module's twins are called
+on float64's forward inputs rounded and their backward fed that gradient rounded to the
+cell's dtype at the scale the cell's recipe holds it (none, static, or the largest power
+of two a dynamic scaler reaches: :class:`Scaling`), the yardstick's as a scaled step in the
+dtype holds it (:func:`~harness.measure.judge.rounding.round_gradient`). Compared with
+float64's own module fed the same gradient: the gradient of each input and each parameter
+the module trains, each over its own scale, the worst ratio the module's. The backward
+series is in the order backward finishes the modules (a module after those inside it);
+the record's divergence is the forward one where forward crossed, else the backward one.
 
 **Attribution: each module on float64's inputs, not the ratio's growth along the run.**
 The issue named two ways to charge an error to the module that made it and not to
@@ -61,18 +77,30 @@ undefined after), which a norm shrinks and a residual sum grows with no bug of t
 in lockstep: (b) must hold float64's output of every module until the cell's run reaches
 it. What (a) cannot see: an error made between modules, in the fix's own code (a mask
 summed outside any module: no module is charged, and the record says so in a note), and
-one that builds up over many modules each within its rounding (the same). Its cost: a
-module's twin reruns everything inside it, so the profile costs the forward times the depth
-of the module tree, twice (cell and yardstick), plus the float64 run.
+one that builds up over many modules each within its rounding (the same).
+
+**Cost.** A module's twin reruns everything inside it, so the profile costs the forward
+times the depth of the module tree, twice (cell and yardstick), plus the float64 run; a
+training cell's, its backward too. What is not the measurement is kept out of it: a
+``forward``'s source line is read once per function, the yardstick's module leaves the
+float64 run's dispatch mode (``StaysFloat64``, a Python call per op) where float64's own
+call of it cast nothing narrower (its code on the same shapes then casts nothing either;
+where it did, it runs under a mode of its own), and the modules a training cell calls are
+found by one forward of its fix, not a whole step. Each leaves every figure as it was
+(the series of the 12-layer toy, forward and backward, float16 and bfloat16, equal to the
+last bit). ``python benchmarks/bench_divergence.py --cost`` prints what a failing cell
+costs with its profile against without (``nox -s bench``).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -80,7 +108,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
 from torch.utils.hooks import RemovableHandle
 
 from harness.measure.authoring.case import Case, RunContext, Workload
@@ -106,8 +134,14 @@ from harness.measure.precision.casting import is_kept, map_tensors, split_kept
 from harness.measure.precision.dtypes import TORCH_DTYPES
 from harness.measure.precision.modes import Precision, autocast_region
 from harness.measure.running.errors import MAX_MESSAGE, error_text
-from harness.measure.running.fix_run import context_for, prepared_workload, run_fix_checked
+from harness.measure.running.fix_run import (
+    FixCall,
+    context_for,
+    prepared_workload,
+    run_fix_checked,
+)
 from harness.measure.running.recipe_steps import scaler_policy
+from harness.measure.running.stays_float64 import StaysFloat64
 from harness.schema.axes import (
     DYNAMIC_SCALER,
     EAGER,
@@ -419,7 +453,8 @@ def modules_called(
     """The modules the cell's own run calls, by path: a fix may call a copy of its model
     (``Workload.fresh_model``) and change it (T5's ``wo`` cast to half in a copy), so its
     twin is the module the cell ran, which a run of the cell finds (its hooks go with a
-    deep copy); a module it did not call is the prepared model's."""
+    deep copy); a module it did not call is the prepared model's. In a training step, its
+    forward alone (:func:`forward_once`)."""
     assert isinstance(workload.model, nn.Module)
     called = dict(workload.model.named_modules())
 
@@ -427,8 +462,26 @@ def modules_called(
         called[path] = module
 
     with hooked(workload.model, entered, None):
-        run_fix_checked(case, fix, ctx, trace=False, workload=workload, record=False)
+        if ctx.stage == TRAIN_STAGE:
+            forward_once(case, fix, ctx, workload)
+        else:
+            run_fix_checked(case, fix, ctx, trace=False, workload=workload, record=False)
     return called
+
+
+def forward_once(case: Case, fix: str, ctx: RunContext, workload: Workload) -> None:
+    """The fix called once as a training step calls it (the cell's context, under its
+    autocast), no gradient kept: the modules a step calls are those its forward calls,
+    and the step's backward, and the rerun that locates a non-finite gradient in anomaly
+    mode, would only cost time here. What it raises or warns is the cell's, already
+    recorded."""
+    call = FixCall(case, fix, workload, ctx, case.fixes[fix].func)
+    with warnings.catch_warnings(), torch.no_grad(), autocast_region(ctx.precision):
+        warnings.simplefilter("ignore")
+        try:
+            call.call()
+        except Exception:  # the modules it entered before are found all the same
+            return
 
 
 Entered = Callable[[str, nn.Module, Any, Any], None]
@@ -558,17 +611,34 @@ class Twins:
             mine = pytree.tree_map_only(torch.Tensor, rounded, inputs)
             return gradients_of(module, mine, params, grads, fed, self.rounding(path, module))
 
-    def stick_output(self, path: str, args: Any, kwargs: Any) -> Any:
+    def stick_output(self, path: str, args: Any, kwargs: Any, cast: bool | None = None) -> Any:
         """The yardstick's module on the inputs rounded to the cell's dtype, in float64,
-        rounding what it and the modules in it return as the yardstick's run does."""
+        rounding what it and the modules in it return as the yardstick's run does, under
+        the float64 run's modes (:meth:`float64_modes`: ``cast``, whether float64's own
+        call of the module cast to a narrower dtype, None where not known)."""
 
         def rounded(tensor: torch.Tensor) -> torch.Tensor:
             return round_stored(tensor, self.dtype, self.noise)
 
         inputs = map_tensors((args, kwargs), rounded, same_module)
         module = self.stick.get_submodule(path)
-        with self.rounding(path, module):
+        with self.float64_modes(cast), self.rounding(path, module):
             return module(*inputs[0], **inputs[1])
+
+    def float64_modes(self, cast: bool | None) -> AbstractContextManager[Any]:
+        """What the yardstick's module runs under: the float64 run's dispatch modes, which
+        keep its narrowing casts float64 as the yardstick's own run does. Where those are
+        ``StaysFloat64`` alone (a plain float64 run), only what it does: nothing where
+        float64's own call of the module cast nothing (``cast`` False: the same code on the
+        same shapes; a dispatch mode in Python costs each op of a deep module's twin), else
+        a ``StaysFloat64`` of its own."""
+        if cast is None:
+            return nullcontext()
+        stack = ExitStack()
+        stack.enter_context(_disable_current_modes())
+        if cast:
+            stack.enter_context(StaysFloat64())
+        return stack
 
     def rounding(self, path: str, module: nn.Module) -> AbstractContextManager[Any]:
         """The yardstick's rounding of what ``module`` (at ``path``) and those in it
@@ -622,7 +692,11 @@ class Measuring:
     whole: bool = True
     figures: list[ModuleFigures] = field(default_factory=list)
     unmeasured: list[str] = field(default_factory=list)
-    entered_with: list[tuple[nn.Module, Any]] = field(default_factory=list)
+    #: Each module entered and not yet returned: its inputs, and the float64 run's count
+    #: of narrowing casts as it was entered (:func:`casts_so_far`).
+    entered_with: list[tuple[nn.Module, Any, int | None]] = field(default_factory=list)
+    #: Whether float64's call of the module in hand cast narrower (None: not known).
+    cast: bool | None = None
 
     @property
     def done(self) -> bool:
@@ -633,12 +707,14 @@ class Measuring:
             return
         with _disable_current_modes():
             kept = map_tensors((args, kwargs), lambda t: t.detach().clone(), same_module)
-        self.entered_with.append((module, kept))
+        self.entered_with.append((module, kept, casts_so_far()))
 
     def returned(self, path: str, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-        inputs = None if self.done else self.inputs_of(module)
+        inputs, casts = (None, None) if self.done else self.inputs_of(module)
         if inputs is None:
             return
+        now = casts_so_far()
+        self.cast = None if casts is None or now is None else now != casts
         try:
             measured = self.measured(path, module, inputs, output)
         except Exception as error:
@@ -647,14 +723,14 @@ class Measuring:
         if measured is not None:
             self.figures.append(measured)
 
-    def inputs_of(self, module: nn.Module) -> Any:
-        """The inputs ``module`` was entered with (those of a module that raised before
-        returning dropped)."""
+    def inputs_of(self, module: nn.Module) -> tuple[Any, int | None]:
+        """The inputs ``module`` was entered with and the run's casts then (those of a
+        module that raised before returning dropped)."""
         while self.entered_with:
-            entered, inputs = self.entered_with.pop()
+            entered, inputs, casts = self.entered_with.pop()
             if entered is module:
-                return inputs
-        return None
+                return inputs, casts
+        return None, None
 
     def measured(
         self, path: str, module: nn.Module, inputs: Any, output: Any
@@ -667,7 +743,8 @@ class Measuring:
         if beyond_range(inputs, self.twins.dtype):
             return ModuleFigures(*site, math.nan, math.nan, math.nan)
         error = compared(floating(self.twins.cell_output(path, args, kwargs)), reference)
-        rounding = compared(floating(self.twins.stick_output(path, args, kwargs)), reference)
+        stick = self.twins.stick_output(path, args, kwargs, self.cast)
+        rounding = compared(floating(stick), reference)
         floor = DTYPE_FLOOR[TORCH_DTYPES[self.twins.dtype]] / self.factor
         ratio = error / max(rounding, floor) if math.isfinite(rounding) else math.nan
         figures = ModuleFigures(*site, error, rounding, ratio)
@@ -675,6 +752,15 @@ class Measuring:
             op = module_first_op(self.twins, path, module, inputs, self.factor, not figures.finite)
             figures = replace(figures, op=op.named())
         return figures
+
+
+def casts_so_far() -> int | None:
+    """The narrowing casts the float64 run's ``StaysFloat64`` has kept float64 so far; None
+    where the dispatch modes about are not that mode alone."""
+    stack = _get_current_dispatch_mode_stack()
+    if len(stack) == 1 and isinstance(stack[0], StaysFloat64):
+        return stack[0].casts
+    return None
 
 
 def floating(output: Any) -> Tensors:
@@ -709,7 +795,13 @@ def compared(outputs: Tensors, reference: Tensors) -> float:
 
 def forward_site(module: nn.Module) -> str | None:
     """Where ``module``'s ``forward`` is defined, ``file.py:LINE``; None without source."""
-    forward: Callable[..., Any] = inspect.unwrap(type(module).forward)
+    return defined_at(inspect.unwrap(type(module).forward))
+
+
+@functools.cache
+def defined_at(forward: Callable[..., Any]) -> str | None:
+    """``file.py:LINE`` of a function, read once (a deep model has hundreds of modules of a
+    few classes, and reading the source is most of what the profile's bookkeeping costs)."""
     try:
         source = inspect.getsourcefile(forward)
         line = inspect.getsourcelines(forward)[1]
