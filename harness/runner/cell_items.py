@@ -11,7 +11,6 @@ goes on. Timing items each time the columns of one case on one device (the timin
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from functools import partial
@@ -44,8 +43,43 @@ NOT_WRITTEN_KEY = "ampmatrix_not_written"
 
 
 def load_plan(path: Path) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(path.read_text())
-    return data
+    """A plan file the runner wrote (``plan.json``, ``timing-plan.json``), read as every
+    file of a run folder is (``storage.read_json``: no link out of the folder, no file
+    too big or not JSON) and of the shape the runner writes: an object with the run
+    folder's path, its batches lists of objects. One that is not raises ``ResultsError``
+    naming the file and what is wrong, before any cell runs on it."""
+    data = storage.read_json(storage.run_file(path.parent, path.name), "missing")
+    problem = plan_shape_problem(data)
+    if problem is not None:
+        raise storage.ResultsError(f"{path}: {problem}")
+    checked: dict[str, Any] = data
+    return checked
+
+
+def plan_shape_problem(data: Any) -> str | None:
+    """What keeps ``data`` from being a plan the runner wrote, or None."""
+    if not isinstance(data, dict):
+        return f"expected a JSON object, got {type(data).__name__}"
+    if not isinstance(data.get("run_dir"), str):
+        return "'run_dir': expected the run folder's path (a string)"
+    batches = data.get("batches", [])
+    if not isinstance(batches, list) or not all(
+        isinstance(batch, list) and batch and all(isinstance(c, dict) for c in batch)
+        for batch in batches
+    ):
+        return "'batches': expected a list of non-empty lists of cells (objects)"
+    timing = data.get("timing_batches", [])
+    if not isinstance(timing, list) or not all(
+        isinstance(batch, dict)
+        and batch
+        and all(
+            isinstance(column, list) and column and all(isinstance(r, dict) for r in column)
+            for column in batch.values()
+        )
+        for batch in timing
+    ):
+        return "'timing_batches': expected a list of objects of non-empty record lists"
+    return None
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
@@ -71,7 +105,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 class PlanFile(pytest.File):
     def collect(self) -> Iterator[pytest.Item]:
-        plan = load_plan(self.path)
+        try:
+            plan = load_plan(self.path)
+        except storage.ResultsError as error:  # one line, no traceback in the item's report
+            raise self.CollectError(str(error)) from None
         run_dir = Path(plan["run_dir"])
         config = storage.read_run_config(run_dir)
         registry.discover(config.cases_dirs)

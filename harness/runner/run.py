@@ -54,6 +54,7 @@ from harness.schema.releases import torch_release
 from harness.schema.run_files import RunPlan
 from harness.schema.selection import Selection, SelectionError, check_selection
 from harness.schema.stages import stage_of
+from harness.schema.text import one_line
 
 
 def discover_cases(cases_dirs: Sequence[Path]) -> list[Case]:
@@ -504,6 +505,14 @@ def check_planned_cell(
         checked.add((cell.case, spec.name, value))
 
 
+def warn_unread(problems: Sequence[str]) -> None:
+    """The lines of ``cells.jsonl`` a resume could not read (each naming the file and the
+    line), one warning line each as the other readers give them: their cells have no
+    record, so they run again, and the user is told why."""
+    for problem in problems:
+        print(f"ampmatrix: warning: {one_line(problem)}", file=sys.stderr, flush=True)
+
+
 def saved_state(run_dir: Path) -> SavedRun:
     """The stopped run's configuration, its cells still without a record and the records
     it left (``cells.jsonl`` read once, here: a line the stopped run left cut off is no
@@ -516,7 +525,9 @@ def saved_state(run_dir: Path) -> SavedRun:
         check_plan(cases_of_run(config), saved)
     except (CaseContractError, model_case.ModelCheckError, SelectionError) as error:
         raise storage.ResultsError(f"{run_dir / storage.RUN_PLAN_FILE}: {error}") from error
-    recorded = Recorded(storage.read_records(run_dir, problems=[]))
+    unread: list[str] = []
+    recorded = Recorded(storage.read_records(run_dir, unread))
+    warn_unread(unread)
     plan = Plan(
         to_run=[c for c in saved.cells if c not in recorded],
         skipped=[(c, reason) for c, reason in saved.skipped if c not in recorded],
