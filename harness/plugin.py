@@ -97,6 +97,11 @@ def parse_expect(
     from harness.measure.authoring.model_case import ModelCheckError
     from harness.schema.axes import AXES
 
+    if not isinstance(expect, Mapping):  # a list or a bare label: no key to match a cell
+        raise ModelCheckError(
+            f"expect {expect!r}: a dict of axis values to an outcome label "
+            "(e.g. {'float16/half': 'raises'})"
+        )
     model_axes = tuple(a for a in (axes or AXES) if a.model_default is not None)
     parsed = []
     for key, label in expect.items():

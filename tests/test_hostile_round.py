@@ -8,7 +8,10 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
+import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +20,13 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from harness import cli
+from harness.measure.authoring.model_case import ModelCheckError
+from harness.measure.figures import peaks
+from harness.plugin import parse_expect
 from harness.results import storage
 from harness.runner import cell_items, run
 from harness.runner.matrix import Plan
+from harness.schema import env_vars
 from harness.schema.axes import Cell
 from tests.test_gates import resumable_run
 
@@ -192,3 +199,132 @@ def test_a_run_plan_edited_at_random_resumes_cleanly_or_is_one_error_line(
         else:  # nothing left to run: the plan's cells were all checked and none is left
             assert code in (0, 3) and "error" not in err, (code, err)
         assert not (run_dir / storage.CELLS_FILE).exists()
+
+
+# --- a fresh round of hostile files, folders and labels ----------------------------------
+
+DATA = Path(__file__).parent / "data" / "runs" / "torch-2.13.0"
+
+
+def main_here(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str, str]:
+    code = cli.main([*map(str, args)])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return code, out, err
+
+
+def copied_run(tmp_path: Path, name: str = "run") -> Path:
+    run_dir = tmp_path / name
+    shutil.copytree(DATA, run_dir)
+    return run_dir
+
+
+@pytest.mark.parametrize("name", [storage.CELLS_FILE, storage.ENV_FILE, storage.RUN_PLAN_FILE])
+def test_a_run_file_that_is_a_fifo_is_refused_not_waited_on(tmp_path: Path, name: str) -> None:
+    """A FIFO for ``cells.jsonl`` or ``env.json``: ``report`` waited for ever on its read."""
+    run_dir = copied_run(tmp_path)
+    (run_dir / name).unlink(missing_ok=True)
+    os.mkfifo(run_dir / name)
+    with pytest.raises(storage.ResultsError, match="not a regular file; refusing it"):
+        storage.run_file(run_dir, name)
+    problems: list[str] = []
+    if name == storage.CELLS_FILE:
+        assert storage.read_records(run_dir, problems) == []
+        assert problems == [f"{run_dir / name}: not a regular file; refusing it"]
+
+
+def test_the_files_of_a_run_folder_are_still_read(tmp_path: Path) -> None:
+    """No false refusal: a run's regular files, and a link inside the folder."""
+    run_dir = copied_run(tmp_path)
+    assert storage.read_records(run_dir) and storage.read_env(run_dir).torch_version
+    (run_dir / "env-copy.json").symlink_to(run_dir / storage.ENV_FILE)
+    assert storage.run_file(run_dir, "env-copy.json") == run_dir / "env-copy.json"
+
+
+@pytest.mark.parametrize("how", ["same", "trailing slash", "link"])
+def test_compare_of_a_run_with_itself_is_one_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], how: str
+) -> None:
+    """``compare RUN RUN`` said "no outcome changes" and exited 0: a gate on nothing."""
+    run_dir = copied_run(tmp_path)
+    other = {"same": run_dir, "trailing slash": Path(f"{run_dir}/"), "link": tmp_path / "ln"}
+    if how == "link":
+        other[how].symlink_to(run_dir)
+    code, _, err = main_here(capsys, "compare", run_dir, other[how])
+    assert code == ERROR
+    assert errors_of(err) == [f"ampmatrix: error: {run_dir}: the same run on both sides: "
+                              "compared with itself, nothing could fail"]  # fmt: skip
+
+
+def test_a_nightly_against_itself_is_one_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``nightly-verdict TONIGHT TONIGHT`` passed: "1 environments compared"."""
+    tonight = tmp_path / "tonight"
+    copied_run(tonight, "20261125T030000-torch2.13.0")
+    code, out, err = main_here(
+        capsys, "nightly-verdict", tonight, tonight, "--out", tmp_path / "n.html"
+    )
+    assert code == ERROR and "nightly verdict: pass" not in out
+    (line,) = errors_of(err)
+    assert "the same run on both sides" in line
+
+
+def test_a_report_with_its_own_run_as_baseline_is_one_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``report RUN --baseline RUN`` showed "No outcome changes"."""
+    run_dir = copied_run(tmp_path)
+    code, _, err = main_here(
+        capsys, "report", run_dir, "--baseline", run_dir, "--out", tmp_path / "r.html"
+    )
+    assert code == ERROR and len(errors_of(err)) == 1
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_two_copies_of_a_run_still_compare(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No false refusal: the check is on the folder, not on what the runs hold."""
+    code, out, _ = main_here(
+        capsys, "compare", copied_run(tmp_path, "a"), copied_run(tmp_path, "b")
+    )
+    assert code == 0 and "no outcome changes" in out
+
+
+def errors_of(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("ampmatrix: error: ")]
+
+
+@pytest.mark.parametrize("expect", [["bfloat16"], "bfloat16", ("bfloat16", "raises")])
+def test_an_expect_that_is_not_a_dict_is_a_model_check_error(expect: Any) -> None:
+    """``expect=["bfloat16"]`` or a bare label: an AttributeError at collection."""
+    with pytest.raises(ModelCheckError, match="a dict of axis values to an outcome label"):
+        parse_expect(expect)
+
+
+@pytest.mark.parametrize(
+    ("make", "problem"),
+    [
+        (os.mkfifo, "not a regular file"),
+        (Path.mkdir, "not a regular file"),
+        (lambda path: path.write_text("[1, 2]"), "expected a JSON object, got list"),
+        (lambda path: path.write_text("{"), "not valid JSON"),
+    ],
+)
+def test_a_peaks_cache_that_cannot_be_used_is_named_and_ignored(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    make: Callable[[Path], object],
+    problem: str,
+) -> None:
+    """A FIFO for the peaks cache made every timed run wait for ever; a cache that is a
+    list or not JSON was ignored with no word."""
+    monkeypatch.setenv(env_vars.CACHE_DIR.name, str(tmp_path))
+    path = tmp_path / peaks.CACHE_FILE
+    make(path)
+    assert peaks.read_cache() == {}
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"ampmatrix: warning: {path}: {problem}") and "measured again" in line
+    assert peaks.read_cache(say=False) == {} and capsys.readouterr().err == ""

@@ -58,7 +58,7 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def report_command(args: argparse.Namespace, drawing: Drawing) -> int:
     from harness.report.aggregate import load_run, load_runs_for_report
-    from harness.report.compare import compare_runs
+    from harness.report.compare import check_not_itself, compare_runs
     from harness.report.writing import render_report, write_report
 
     runs = load_runs_for_report([existing_run_dir(d) for d in args.run_dirs])
@@ -69,6 +69,7 @@ def report_command(args: argparse.Namespace, drawing: Drawing) -> int:
         check_output(args.markdown, inputs, "--markdown")
     comparison = None
     if args.baseline:
+        check_not_itself(args.baseline, args.run_dirs[-1])
         base = baseline_run(args.baseline)
         comparison = compare_runs(base, load_run(existing_run_dir(args.run_dirs[-1])))
     warn([p for loaded in runs for p in loaded.problems])

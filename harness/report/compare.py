@@ -424,10 +424,27 @@ def runs_by_environment(root: Path, left_out: list[str]) -> dict[EnvironmentKey,
     return runs
 
 
+def check_not_itself(base: Path, head: Path) -> None:
+    """A run compared with itself (one folder named on both sides, or a run in both results
+    folders) has no change to find: a gate on it passes on nothing, so it is refused."""
+    if base.resolve() == head.resolve():
+        raise storage.ResultsError(
+            f"{base}: the same run on both sides: compared with itself, nothing could fail"
+        )
+
+
 def pair_runs(base: Path, head: Path) -> Pairing:
     """Two runs compare as they are; two results folders pair up by environment (torch
     release, host and GPUs), the newest run of each, and name every run left out. A
-    results folder without a run is refused (``runs_in``)."""
+    results folder without a run is refused (``runs_in``), and so is a run paired with
+    itself (``check_not_itself``)."""
+    pairing = paired_runs(base, head)
+    for base_dir, head_dir in pairing.pairs:
+        check_not_itself(base_dir, head_dir)
+    return pairing
+
+
+def paired_runs(base: Path, head: Path) -> Pairing:
     if is_run_dir(base) and is_run_dir(head):
         return Pairing([(base, head)])
     pairing = Pairing()

@@ -163,10 +163,14 @@ def holds_lone_surrogate(value: Any) -> bool:
 
 def run_file(run_dir: Path, name: str) -> Path:
     """The file ``name`` of a run folder, to read or append to; one that is a link leading
-    out of the folder (to another run's records, to a file of the machine) is refused with
-    a ``ResultsError`` naming it: a run is what its folder holds, and a resume must not
-    append to, or cut, a file elsewhere."""
+    out of the folder (to another run's records, to a file of the machine), or that is a
+    FIFO or a device (a read of it waits for ever), is refused with a ``ResultsError``
+    naming it: a run is what its folder holds, and a resume must not append to, or cut, a
+    file elsewhere."""
     path = run_dir / name
+    if path.exists() and not path.is_file() and not path.is_dir():
+        # a FIFO or a device would block the read (or the append) for ever
+        raise ResultsError(f"{path}: not a regular file; refusing it")
     if not path.is_symlink():
         return path
     try:

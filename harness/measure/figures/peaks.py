@@ -10,7 +10,6 @@ Set ``AMPMATRIX_CACHE_DIR`` to move the cache (default ``$XDG_CACHE_HOME/ampmatr
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import socket
 import sys
@@ -50,14 +49,32 @@ def peak_key(device_model: str, dtype: str, torch_version: str, threads: int) ->
 MAX_GFLOPS = 1e8
 
 
-def read_cache() -> dict[str, Any]:
-    """The cached peaks as the file holds them; an unreadable cache is ignored (it is only
-    a cache). Each entry is checked where it is used (:func:`entry_problem`)."""
-    try:
-        data = json.loads((cache_dir() / CACHE_FILE).read_text())
-    except (OSError, ValueError):
+def read_cache(say: bool = True) -> dict[str, Any]:
+    """The cached peaks as the file holds them. A cache that cannot be used (not a regular
+    file: a FIFO's read would wait for ever; not JSON; not an object) is ignored, it is
+    only a cache, and (``say``) named in one warning line: its peaks are measured again
+    and replace it. Each entry is checked where it is used (:func:`entry_problem`)."""
+    path = cache_dir() / CACHE_FILE
+    if not path.exists():
         return {}
-    return data if isinstance(data, dict) else {}
+    try:
+        if not path.is_file():
+            raise ValueError("not a regular file")
+        data = storage.read_json(path, "missing")
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    except (storage.ResultsError, ValueError) as error:
+        if say:
+            print(
+                one_line(
+                    f"ampmatrix: warning: {path}: {str(error).removeprefix(f'{path}: ')}: "
+                    "ignored, its peaks measured again"
+                ),
+                file=sys.stderr,
+                flush=True,
+            )
+        return {}
+    return data
 
 
 def entry_problem(entry: object, now: datetime) -> str | None:
@@ -134,4 +151,4 @@ def usable_entries(now: datetime) -> dict[str, Any]:
     """The cache's entries that pass :func:`entry_problem` (old ones too: another thread
     count's may still be recent enough for its max age); a bad one is dropped as the cache
     is written again."""
-    return {k: v for k, v in read_cache().items() if entry_problem(v, now) is None}
+    return {k: v for k, v in read_cache(say=False).items() if entry_problem(v, now) is None}
