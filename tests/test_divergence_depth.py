@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from harness.measure import execute
 from harness.measure.authoring.case import Case
@@ -67,10 +66,8 @@ def depths(layers: int) -> tuple[int, ...]:
 @pytest.fixture(autouse=True)
 def one_thread() -> Iterator[None]:
     """A cell's thread count in ``check`` (one per worker), restored after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with models.one_thread():
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -19,6 +19,7 @@ from harness.measure.judge.divergence_ops import FIX_CODE, first_op
 from harness.schema.axes import Cell
 from harness.schema.records import Outcome
 from tests.test_divergence import Attention, LayerNorm, Mlp, forward_record, toy
+from zoo.divergence_models import one_thread
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,11 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(autouse=True)
 def registered(clean_registry: None) -> Iterator[None]:
     """The built-in cases on one thread (float16 on two is slow on a shared CPU)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    registry.discover()
-    yield
-    torch.set_num_threads(threads)
+    with one_thread():
+        registry.discover()
+        yield
 
 
 def line_of(source: object, text: str) -> str:

@@ -36,12 +36,26 @@ enters a model). Imports transformers only when called.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one thread while it lasts, as a ``check`` worker runs a cell (float16 on two
+    threads of a shared CPU is many times slower), the thread count restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
 
 WIDTH, HEADS, TOKENS, BATCH = 16, 2, 8, 2
 HEAD_DIM = WIDTH // HEADS

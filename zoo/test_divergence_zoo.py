@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import torch
 
 from harness.measure import execute
 from harness.measure.authoring import registry
@@ -28,7 +27,12 @@ from harness.runner.matrix import expand
 from harness.runner.progress import progress_label
 from harness.schema.axes import FORWARD_STAGE, Cell
 from harness.schema.records import CellRecord, NoteKind, Outcome
-from zoo.divergence_models import GPT2_LAYERS, gpt2_injected, gpt2_with_cancelling_norm
+from zoo import divergence_models
+from zoo.divergence_models import (
+    GPT2_LAYERS,
+    gpt2_injected,
+    gpt2_with_cancelling_norm,
+)
 
 LAYERS = (0, GPT2_LAYERS // 2, GPT2_LAYERS - 1)
 DTYPES = ("float16", "bfloat16")
@@ -37,10 +41,8 @@ DTYPES = ("float16", "bfloat16")
 @pytest.fixture(autouse=True)
 def one_thread() -> Iterator[None]:
     """A cell's thread count in ``check`` (one per worker), restored after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with divergence_models.one_thread():
+        yield
 
 
 @functools.cache

@@ -285,12 +285,9 @@ def loss_scaler(policy: str, precision: Precision, recipe: Recipe) -> Any:
 
 
 def skipper_of(scaling: Any) -> str:
-    """How a fit's note names what skipped its steps."""
-    if isinstance(scaling, DynamicScaler):
-        return HELD_SCALER
-    if isinstance(scaling, FixedScaler):
-        return f"the static loss scale ({scaling.scale_value:g})"
-    return "GradScaler"
+    """How a fit's note names what skipped its steps: a scale of the harness's names itself
+    (:meth:`FixedScaler.skipper`), else a ``GradScaler``."""
+    return scaling.skipper() if isinstance(scaling, FixedScaler) else "GradScaler"
 
 
 class FixedScaler:
@@ -321,6 +318,9 @@ class FixedScaler:
     def get_scale(self) -> float:
         return self.scale_value
 
+    def skipper(self) -> str:
+        return f"the static loss scale ({self.scale_value:g})"
+
 
 class DynamicScaler(FixedScaler):
     """A dynamic loss scale for the float16 gradients of half weights, which a GradScaler
@@ -334,6 +334,9 @@ class DynamicScaler(FixedScaler):
     def update(self) -> None:
         if not self.finite:
             self.scale_value /= 2
+
+    def skipper(self) -> str:
+        return HELD_SCALER
 
 
 def backward(loss: torch.Tensor, scaler: Any) -> None:
