@@ -611,33 +611,39 @@ class Twins:
             mine = pytree.tree_map_only(torch.Tensor, rounded, inputs)
             return gradients_of(module, mine, params, grads, fed, self.rounding(path, module))
 
-    def stick_output(self, path: str, args: Any, kwargs: Any, cast: bool | None = None) -> Any:
+    def stick_output(
+        self, path: str, args: Any, kwargs: Any, casts: CastsSeen | None = None
+    ) -> Any:
         """The yardstick's module on the inputs rounded to the cell's dtype, in float64,
         rounding what it and the modules in it return as the yardstick's run does, under
-        the float64 run's modes (:meth:`float64_modes`: ``cast``, whether float64's own
-        call of the module cast to a narrower dtype, None where not known)."""
+        the float64 run's modes where float64's own call of it cast narrower
+        (:meth:`float64_modes`; ``casts`` None where not known)."""
 
         def rounded(tensor: torch.Tensor) -> torch.Tensor:
             return round_stored(tensor, self.dtype, self.noise)
 
         inputs = map_tensors((args, kwargs), rounded, same_module)
         module = self.stick.get_submodule(path)
-        with self.float64_modes(cast), self.rounding(path, module):
+        with self.float64_modes(casts), self.rounding(path, module):
             return module(*inputs[0], **inputs[1])
 
-    def float64_modes(self, cast: bool | None) -> AbstractContextManager[Any]:
+    def float64_modes(self, casts: CastsSeen | None) -> AbstractContextManager[Any]:
         """What the yardstick's module runs under: the float64 run's dispatch modes, which
         keep its narrowing casts float64 as the yardstick's own run does. Where those are
-        ``StaysFloat64`` alone (a plain float64 run), only what it does: nothing where
-        float64's own call of the module cast nothing (``cast`` False: the same code on the
-        same shapes; a dispatch mode in Python costs each op of a deep module's twin), else
-        a ``StaysFloat64`` of its own."""
-        if cast is None:
+        ``StaysFloat64`` alone (a plain float64 run), only what it does, and only where
+        float64's own call cast narrower: around the whole module where its own code did,
+        else around each module inside it whose own code did (the same code on the same
+        shapes casts nothing elsewhere, and a dispatch mode in Python costs each op of a
+        deep module's twin)."""
+        if casts is None:
             return nullcontext()
         stack = ExitStack()
         stack.enter_context(_disable_current_modes())
-        if cast:
+        if casts.own:
             stack.enter_context(StaysFloat64())
+        else:
+            inside = [self.stick.get_submodule(p) for p in casts.inside]
+            stack.enter_context(each_under(inside, StaysFloat64))
         return stack
 
     def rounding(self, path: str, module: nn.Module) -> AbstractContextManager[Any]:
@@ -669,9 +675,7 @@ def beyond_range(inputs: Any, dtype: str) -> bool:
     tensors = [t for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)]
     with _disable_current_modes():
         return any(
-            bool((t.isfinite() & (t.abs() > largest)).any())
-            for t in tensors
-            if t.is_floating_point()
+            largest_finite(t) > largest for t in tensors if t.is_floating_point() and t.numel()
         )
 
 
@@ -680,11 +684,32 @@ def same_module(module: nn.Module) -> nn.Module:
 
 
 @dataclass
+class Entry:
+    """A module entered and not yet returned: its inputs (cloned: its forward may change
+    them in place), the float64 run's count of narrowing casts then (:func:`casts_so_far`;
+    None where not known), and the casts made inside the modules it has called since."""
+
+    module: nn.Module
+    inputs: Any
+    casts: int | None
+    casts_inside: int = 0
+
+
+@dataclass(frozen=True)
+class CastsSeen:
+    """Where float64's call of a module cast to a narrower dtype: in its own code, and in
+    which modules inside it (their own code)."""
+
+    own: bool
+    inside: tuple[str, ...] = ()
+
+
+@dataclass
 class Measuring:
-    """The hooks of the float64 run: each module's inputs kept as it is entered (cloned:
-    its forward may change them in place), and, as it returns, its twins called on them and
-    compared with what it returned. A module that cannot be measured (its twin raises, or
-    returns other tensors) is named in ``unmeasured``; the hooks never raise."""
+    """The hooks of the float64 run: each module's inputs kept as it is entered, and, as it
+    returns, its twins called on them and compared with what it returned. A module that
+    cannot be measured (its twin raises, or returns other tensors) is named in
+    ``unmeasured``; the hooks never raise."""
 
     twins: Twins
     factor: float
@@ -692,11 +717,10 @@ class Measuring:
     whole: bool = True
     figures: list[ModuleFigures] = field(default_factory=list)
     unmeasured: list[str] = field(default_factory=list)
-    #: Each module entered and not yet returned: its inputs, and the float64 run's count
-    #: of narrowing casts as it was entered (:func:`casts_so_far`).
-    entered_with: list[tuple[nn.Module, Any, int | None]] = field(default_factory=list)
-    #: Whether float64's call of the module in hand cast narrower (None: not known).
-    cast: bool | None = None
+    #: Each module entered and not yet returned, innermost last.
+    entered_with: list[Entry] = field(default_factory=list)
+    #: The modules whose own code cast narrower in the float64 run.
+    casting: list[str] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -707,33 +731,47 @@ class Measuring:
             return
         with _disable_current_modes():
             kept = map_tensors((args, kwargs), lambda t: t.detach().clone(), same_module)
-        self.entered_with.append((module, kept, casts_so_far()))
+        self.entered_with.append(Entry(module, kept, casts_so_far()))
 
     def returned(self, path: str, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-        inputs, casts = (None, None) if self.done else self.inputs_of(module)
-        if inputs is None:
+        entry = None if self.done else self.entry_of(module)
+        if entry is None:
             return
-        now = casts_so_far()
-        self.cast = None if casts is None or now is None else now != casts
+        casts = self.casts_seen(path, entry)
         try:
-            measured = self.measured(path, module, inputs, output)
+            measured = self.measured(path, module, entry.inputs, output, casts)
         except Exception as error:
             self.unmeasured.append(f"{path or 'the model'}: {type(error).__name__}")
             return
         if measured is not None:
             self.figures.append(measured)
 
-    def inputs_of(self, module: nn.Module) -> tuple[Any, int | None]:
-        """The inputs ``module`` was entered with and the run's casts then (those of a
-        module that raised before returning dropped)."""
+    def entry_of(self, module: nn.Module) -> Entry | None:
+        """The entry ``module`` was entered with (those of a module that raised before
+        returning dropped)."""
         while self.entered_with:
-            entered, inputs, casts = self.entered_with.pop()
-            if entered is module:
-                return inputs, casts
-        return None, None
+            entry = self.entered_with.pop()
+            if entry.module is module:
+                return entry
+        return None
+
+    def casts_seen(self, path: str, entry: Entry) -> CastsSeen | None:
+        """Where the module that returned cast narrower (None where not known); its
+        casts counted in the module that called it."""
+        now = casts_so_far()
+        if entry.casts is None or now is None:
+            return None
+        made = now - entry.casts
+        if self.entered_with:
+            self.entered_with[-1].casts_inside += made
+        own = made > entry.casts_inside
+        if own:
+            self.casting.append(path)
+        inside = dict.fromkeys(p for p in self.casting if p.startswith(path + ".") or not path)
+        return CastsSeen(own, tuple(p for p in inside if p != path))
 
     def measured(
-        self, path: str, module: nn.Module, inputs: Any, output: Any
+        self, path: str, module: nn.Module, inputs: Any, output: Any, casts: CastsSeen | None
     ) -> ModuleFigures | None:
         reference = floating(output)
         if not reference:
@@ -743,7 +781,7 @@ class Measuring:
         if beyond_range(inputs, self.twins.dtype):
             return ModuleFigures(*site, math.nan, math.nan, math.nan)
         error = compared(floating(self.twins.cell_output(path, args, kwargs)), reference)
-        stick = self.twins.stick_output(path, args, kwargs, self.cast)
+        stick = self.twins.stick_output(path, args, kwargs, casts)
         rounding = compared(floating(stick), reference)
         floor = DTYPE_FLOOR[TORCH_DTYPES[self.twins.dtype]] / self.factor
         ratio = error / max(rounding, floor) if math.isfinite(rounding) else math.nan
@@ -752,6 +790,36 @@ class Measuring:
             op = module_first_op(self.twins, path, module, inputs, self.factor, not figures.finite)
             figures = replace(figures, op=op.named())
         return figures
+
+
+@contextmanager
+def each_under(
+    modules: list[nn.Module], mode: Callable[[], AbstractContextManager[Any]]
+) -> Iterator[None]:
+    """While it lasts, each of ``modules`` runs its ``forward`` under a fresh ``mode()``
+    (its hooks outside it)."""
+    patched: list[tuple[nn.Module, Any]] = []
+    try:
+        for module in modules:
+            patched.append((module, module.__dict__.get("forward")))
+            module.forward = under(mode, module.forward)
+        yield
+    finally:
+        for module, own in reversed(patched):
+            if own is None:
+                del module.forward
+            else:
+                module.forward = own
+
+
+def under(
+    mode: Callable[[], AbstractContextManager[Any]], forward: Callable[..., Any]
+) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with mode():
+            return forward(*args, **kwargs)
+
+    return call
 
 
 def casts_so_far() -> int | None:
@@ -783,14 +851,33 @@ def compared(outputs: Tensors, reference: Tensors) -> float:
                 raise ValueError(
                     f"returned shape {tuple(output.shape)}, float64 {tuple(expected.shape)}"
                 )
+            if not expected.numel():
+                continue
             got, want = as_float64_cpu(output), as_float64_cpu(expected)
-            diff = torch.where(got == want, 0.0, (got - want).abs()).nan_to_num(math.inf, math.inf)
-            worst = max(worst, float(diff.max()) if diff.numel() else 0.0)
-            finite = want[torch.isfinite(want)]
-            scale = max(scale, float(finite.abs().max()) if finite.numel() else 0.0)
+            worst = max(worst, largest_difference(got, want))
+            scale = max(scale, largest_finite(want))
     if not math.isfinite(worst):
         return math.inf
     return worst / scale if scale > 0 else worst
+
+
+def largest_difference(got: torch.Tensor, want: torch.Tensor) -> float:
+    """``max|got - want|``: infinite where ``got`` is non-finite and ``want`` is not the
+    same infinity there (one pass where all is finite, the common case)."""
+    quick = float((got - want).abs().max())
+    if math.isfinite(quick):
+        return quick
+    diff = torch.where(got == want, 0.0, (got - want).abs()).nan_to_num(math.inf, math.inf)
+    return float(diff.max())
+
+
+def largest_finite(tensor: torch.Tensor) -> float:
+    """``max|tensor|`` over its finite values (0 where it has none)."""
+    quick = float(tensor.abs().max())
+    if math.isfinite(quick):
+        return quick
+    finite = tensor[torch.isfinite(tensor)]
+    return float(finite.abs().max()) if finite.numel() else 0.0
 
 
 def forward_site(module: nn.Module) -> str | None:

@@ -64,7 +64,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.hooks import RemovableHandle
 
 from harness.measure.judge.float32_arithmetic import Float32Arithmetic, integers_up_to
@@ -72,6 +71,7 @@ from harness.measure.precision.casting import is_kept, map_tensors
 from harness.measure.precision.dtypes import TORCH_DTYPES
 from harness.measure.running.replay import dtype_eps
 from harness.measure.running.training import INIT_SCALE
+from harness.measure.tracing.dispatch_mode import out_of_modes
 from harness.schema.axes import MODES
 from harness.schema.stages import stage_of
 
@@ -93,7 +93,7 @@ def round_to(tensor: torch.Tensor, dtype: str, noise: torch.Generator) -> torch.
     :mod:`harness.measure.running.stays_float64`; a replay would count its draws)."""
     if not tensor.is_floating_point():
         return tensor
-    with _disable_current_modes():
+    with out_of_modes():
         return rounded_in_float64(tensor, dtype, noise)
 
 
@@ -238,12 +238,17 @@ class StoredRounding:
         )
 
     def __call__(self, module: nn.Module, args: Any, output: Any) -> Any:
+        if isinstance(output, torch.Tensor):
+            return self.once(output)
         return pytree.tree_map_only(torch.Tensor, self.once, output)
 
     def once(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.rounded.get(id(tensor)) is tensor:
             return tensor
-        result = StoredValue.apply(tensor, self.dtype, self.noise)
+        if torch.is_grad_enabled() and tensor.requires_grad:
+            result = StoredValue.apply(tensor, self.dtype, self.noise)
+        else:  # no backward to round a gradient in: the value alone
+            result = round_stored(tensor, self.dtype, self.noise)
         self.rounded[id(result)] = result
         return result
 
@@ -317,11 +322,23 @@ def held_scale(grad: torch.Tensor, dtype: str) -> float:
 
 
 def round_stored(tensor: torch.Tensor, dtype: str, noise: torch.Generator) -> torch.Tensor:
-    """``tensor`` rounded to ``dtype``, its values beyond the dtype's range left as they are."""
+    """``tensor`` rounded to ``dtype``, its values beyond the dtype's range left as they are.
+    Like :func:`round_to`, out of the run's dispatch modes: the yardstick's own ops."""
     if not tensor.is_floating_point():
         return tensor
-    rounded = round_to(tensor, dtype, noise)
-    return torch.where(torch.isinf(rounded) & torch.isfinite(tensor), tensor, rounded)
+    with out_of_modes():
+        rounded = rounded_in_float64(tensor, dtype, noise)
+        if all_finite(rounded):
+            return rounded
+        return torch.where(torch.isinf(rounded) & torch.isfinite(tensor), tensor, rounded)
+
+
+def all_finite(tensor: torch.Tensor) -> bool:
+    """Whether every value of ``tensor`` is finite (its least and largest: one pass)."""
+    if not tensor.numel():
+        return True
+    least, largest = torch.aminmax(tensor)
+    return math.isfinite(float(least)) and math.isfinite(float(largest))
 
 
 def noise_source(seed: int = NOISE_SEED) -> torch.Generator:

@@ -13,9 +13,11 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-from torch.utils._python_dispatch import TorchDispatchMode
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 DYNAMO = "torch._dynamo"
 
@@ -49,3 +51,19 @@ class LazyDynamoMode(TorchDispatchMode):
         dispatch = cls.__dict__.get("__torch_dispatch__")
         if dispatch is not None and not isinstance(dispatch, classmethod):
             cls.__torch_dispatch__ = skipped_by_dynamo(dispatch)  # type: ignore[method-assign]
+
+
+def out_of_modes() -> AbstractContextManager[Any]:
+    """While it lasts, the dispatch modes about stand aside (``_disable_current_modes``),
+    for the harness's own ops in a run it watches; where none is about, nothing (that
+    context costs microseconds a call, and a deep model's yardstick rounds thousands of
+    tensors)."""
+    if torch._C._len_torch_dispatch_stack() or pre_dispatch_modes():
+        return _disable_current_modes()
+    return nullcontext()
+
+
+def pre_dispatch_modes() -> int:
+    """The modes on torch's pre-dispatch stack (torch 2.2 and later; none before)."""
+    count = getattr(torch._ops, "_len_torch_dispatch_stack_pre_dispatch", None)
+    return int(count()) if count is not None else 0
