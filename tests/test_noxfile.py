@@ -1,8 +1,9 @@
-"""The noxfile's own logic: the release list, pip settings carried over to uv, and which
-environments a prune removes."""
+"""The noxfile's own logic: the release list, pip settings carried over to uv, which
+environments a prune removes, and installs compiled to bytecode."""
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import tomllib
 
 from harness.results.search import search_order
 
@@ -212,3 +214,82 @@ def test_a_bisect_keeps_the_default_releases_environment(
     assert left == kept
     assert len(session.logged) == len(measured) - 4
     assert all("the default's" in line for line in session.logged)
+
+
+class InstallingSession(RecordingSession):
+    """A recording session with an environment folder: what it installed, and its env."""
+
+    def __init__(self, location: Path) -> None:
+        super().__init__()
+        self.installed: list[tuple[str, ...]] = []
+        self.env: dict[str, str] = {}
+        self.virtualenv = type("Env", (), {"location": str(location)})()
+
+    def install(self, *args: str) -> None:
+        self.installed.append(args)
+
+
+def compiles(ran: list[tuple[str, ...]], nf: ModuleType) -> tuple[bool, bool]:
+    """Whether a session's commands compiled site-packages, and the project's packages."""
+    environment = ("python", "-c", nf.COMPILE_SITE_PACKAGES) in ran
+    packages = [str(ROOT / package) for package in nf.PROJECT_PACKAGES]
+    project = ("python", "-m", "compileall", "-q", *packages) in ran
+    return environment, project
+
+
+def test_installs_are_compiled_and_the_project_each_time_an_environment_is_used(
+    nf: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """uv compiles nothing unless told, and where PYTHONDONTWRITEBYTECODE is set nothing is
+    compiled at import either: every start compiled the environment's Python again."""
+    monkeypatch.setattr(nf, "pip_settings", dict)
+    monkeypatch.chdir(ROOT)  # the stamp reads pyproject.toml
+    session = InstallingSession(tmp_path)
+    nf.install_with_torch(session, "2.13.0", "-e", ".")
+    assert session.installed == [("--compile", "torch==2.13.0", "numpy", "-e", ".", "setuptools")]
+    assert compiles(session.ran, nf) == (True, True)
+    # the same requirements again: nothing installed, the project compiled (it changes)
+    session = InstallingSession(tmp_path)
+    nf.install_with_torch(session, "2.13.0", "-e", ".")
+    assert session.installed == [] and compiles(session.ran, nf) == (False, True)
+
+
+def test_an_environment_installed_before_installs_compiled_is_compiled_once(
+    nf: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its stamp was made without INSTALL_OPTIONS; an installer does not compile what is
+    already installed, so site-packages is compiled after the install."""
+    monkeypatch.setattr(nf, "pip_settings", dict)
+    monkeypatch.chdir(ROOT)
+    with monkeypatch.context() as before:
+        before.setattr(nf, "INSTALL_OPTIONS", ())
+        nf.install_with_torch(InstallingSession(tmp_path), "2.13.0", "-e", ".")
+    session = InstallingSession(tmp_path)
+    nf.install_with_torch(session, "2.13.0", "-e", ".")
+    assert [args[0] for args in session.installed] == ["--compile"]
+    assert compiles(session.ran, nf) == (True, True)
+
+
+def test_every_install_goes_through_the_one_that_compiles(nf: ModuleType) -> None:
+    """One declaration of how a session installs: no session calls session.install but
+    ``install``, which adds INSTALL_OPTIONS."""
+    tree = ast.parse((ROOT / "noxfile.py").read_text())
+    callers = {
+        function.name
+        for function in ast.walk(tree)
+        if isinstance(function, ast.FunctionDef)
+        for call in ast.walk(function)
+        if isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr == "install"
+        and isinstance(call.func.value, ast.Name)
+        and call.func.value.id == "session"
+    }
+    assert callers == {"install"}
+    assert nf.INSTALL_OPTIONS == ("--compile",)  # pip's and uv's flag (uv: --compile-bytecode)
+
+
+def test_the_project_packages_compiled_are_those_pyproject_installs(nf: ModuleType) -> None:
+    found = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    top_level = {name for name in found["packages"]["find"]["include"] if "." not in name}
+    assert set(nf.PROJECT_PACKAGES) == top_level
