@@ -487,12 +487,14 @@ def install_browser(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Benchmark of the harness itself: timer agreement, overhead, wall time, the timing
-    phase's share in measured calls, repeatability, the correctness phase against plain
-    pytest-xdist, ``check`` against a plain script, report rendering from 11 to 100k cells,
+    """Benchmark of the harness itself: start-up of ``report`` and ``check`` with and without
+    compiled bytecode, timer agreement, overhead, wall time, the timing phase's share in
+    measured calls, repeatability, the correctness phase against plain pytest-xdist,
+    ``check`` against a plain script, report rendering from 11 to 100k cells,
     on a GPU box the CUDA figures against triton's do_bench, and what the divergence
     profile adds to a failing cell and to a passing one."""
     install_with_torch(session, DEFAULT_TORCH, "-e", ".", *lightning_requirements(DEFAULT_TORCH))
+    session.run("python", "benchmarks/bench_startup.py")
     session.run("python", "benchmarks/bench_harness.py", *session.posargs)
     session.run("python", "benchmarks/bench_overhead.py")
     session.run("python", "benchmarks/bench_check.py")
