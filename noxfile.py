@@ -168,17 +168,20 @@ def compile_environment(session: nox.Session) -> None:
     """Bytecode for what an install left uncompiled in site-packages: the packages of an
     environment installed before INSTALL_OPTIONS, which an installer does not install (nor
     compile) again. A second where all is compiled (one process: a pool of workers took
-    five seconds to find nothing to do)."""
-    session.run("python", "-c", COMPILE_SITE_PACKAGES, silent=True)
+    five seconds to find nothing to do). An install step: it runs under ``--install-only``
+    too, as images are built."""
+    session.run_install("python", "-c", COMPILE_SITE_PACKAGES, silent=True)
 
 
 def compile_project(session: nox.Session) -> None:
     """Bytecode for the project's own modules, each time a session uses its environment
     (the checkout changes between sessions; only changed modules are compiled again), so
-    ``python -m harness`` starts compiled where PYTHONDONTWRITEBYTECODE is set."""
+    ``python -m harness`` starts compiled where PYTHONDONTWRITEBYTECODE is set. An install
+    step: under ``--install-only`` too, not under ``--no-install`` (nox skips every install
+    step of a reused environment there)."""
     root = Path(__file__).resolve().parent
     packages = [str(root / package) for package in PROJECT_PACKAGES]
-    session.run("python", "-m", "compileall", "-q", *packages, silent=True)
+    session.run_install("python", "-m", "compileall", "-q", *packages, silent=True)
 
 
 #: pip's settings and the uv variables that mean the same, so uv finds what pip would (this

@@ -217,23 +217,28 @@ def test_a_bisect_keeps_the_default_releases_environment(
 
 
 class InstallingSession(RecordingSession):
-    """A recording session with an environment folder: what it installed, and its env."""
+    """A recording session with an environment folder: what it installed and ran as install
+    steps (which nox runs under ``--install-only`` too), and its env."""
 
     def __init__(self, location: Path) -> None:
         super().__init__()
         self.installed: list[tuple[str, ...]] = []
+        self.install_steps: list[tuple[str, ...]] = []
         self.env: dict[str, str] = {}
         self.virtualenv = type("Env", (), {"location": str(location)})()
 
     def install(self, *args: str) -> None:
         self.installed.append(args)
 
+    def run_install(self, *args: str, **kwargs: object) -> None:
+        self.install_steps.append(args)
 
-def compiles(ran: list[tuple[str, ...]], nf: ModuleType) -> tuple[bool, bool]:
-    """Whether a session's commands compiled site-packages, and the project's packages."""
-    environment = ("python", "-c", nf.COMPILE_SITE_PACKAGES) in ran
+
+def compiles(session: InstallingSession, nf: ModuleType) -> tuple[bool, bool]:
+    """Whether a session's install steps compiled site-packages, and the project's packages."""
+    environment = ("python", "-c", nf.COMPILE_SITE_PACKAGES) in session.install_steps
     packages = [str(ROOT / package) for package in nf.PROJECT_PACKAGES]
-    project = ("python", "-m", "compileall", "-q", *packages) in ran
+    project = ("python", "-m", "compileall", "-q", *packages) in session.install_steps
     return environment, project
 
 
@@ -247,11 +252,11 @@ def test_installs_are_compiled_and_the_project_each_time_an_environment_is_used(
     session = InstallingSession(tmp_path)
     nf.install_with_torch(session, "2.13.0", "-e", ".")
     assert session.installed == [("--compile", "torch==2.13.0", "numpy", "-e", ".", "setuptools")]
-    assert compiles(session.ran, nf) == (True, True)
+    assert compiles(session, nf) == (True, True)
     # the same requirements again: nothing installed, the project compiled (it changes)
     session = InstallingSession(tmp_path)
     nf.install_with_torch(session, "2.13.0", "-e", ".")
-    assert session.installed == [] and compiles(session.ran, nf) == (False, True)
+    assert session.installed == [] and compiles(session, nf) == (False, True)
 
 
 def test_an_environment_installed_before_installs_compiled_is_compiled_once(
@@ -267,7 +272,7 @@ def test_an_environment_installed_before_installs_compiled_is_compiled_once(
     session = InstallingSession(tmp_path)
     nf.install_with_torch(session, "2.13.0", "-e", ".")
     assert [args[0] for args in session.installed] == ["--compile"]
-    assert compiles(session.ran, nf) == (True, True)
+    assert compiles(session, nf) == (True, True)
 
 
 def test_every_install_goes_through_the_one_that_compiles(nf: ModuleType) -> None:
