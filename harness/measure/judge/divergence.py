@@ -95,11 +95,12 @@ costs with its profile against without (``nox -s bench``).
 from __future__ import annotations
 
 import functools
+import gc
 import inspect
 import math
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -114,6 +115,16 @@ from torch.utils.hooks import RemovableHandle
 from harness.measure.authoring.case import Case, RunContext, Workload
 from harness.measure.host import torch_state
 from harness.measure.judge.divergence_ops import in_the_fix, module_first_op
+from harness.measure.judge.divergence_replay import (
+    Calls,
+    ChildCall,
+    NotReplayed,
+    Replay,
+    as_held,
+    as_is,
+    floating_dtypes,
+    replaying,
+)
 from harness.measure.judge.numerics import DTYPE_FLOOR, ROUNDING_FACTOR, as_float64_cpu
 from harness.measure.judge.references import (
     float64_run,
@@ -142,6 +153,7 @@ from harness.measure.running.fix_run import (
 )
 from harness.measure.running.recipe_steps import scaler_policy
 from harness.measure.running.stays_float64 import StaysFloat64
+from harness.measure.tracing.dispatch_mode import out_of_modes
 from harness.schema.axes import (
     DYNAMIC_SCALER,
     EAGER,
@@ -249,7 +261,7 @@ def profiled(
     if too_large is not None:
         return record.noted(too_large)
     try:
-        with torch_state.restored([]):
+        with torch_state.restored([]), old_objects_frozen():
             taken = profile(case, cell, profile_factor(record.numerics), within_s=within_s)
         found = taken.first_beyond()
     except Exception as error:  # the verdict stands whatever the profile does
@@ -266,6 +278,23 @@ def profiled(
     if found is None:
         return record.noted(Note(NoteKind.DIVERGENCE, NO_MODULE))
     return replace(record, divergence=found)
+
+
+@contextmanager
+def old_objects_frozen() -> Iterator[None]:
+    """While it lasts, the objects made before it are left out of the cyclic garbage
+    collector's passes (``gc.freeze``): the profile makes many small objects, and each
+    full pass would otherwise walk every module and tensor of torch and the model (a
+    tenth of a 48-layer profile's time on the CPU). What it makes is collected as ever;
+    where something else froze the heap already, it is left as it is."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 #: The share of the memory available that the profile's float64 copy of a model may take
@@ -453,20 +482,36 @@ def modules_called(
     """The modules the cell's own run calls, by path: a fix may call a copy of its model
     (``Workload.fresh_model``) and change it (T5's ``wo`` cast to half in a copy), so its
     twin is the module the cell ran, which a run of the cell finds (its hooks go with a
-    deep copy); a module it did not call is the prepared model's. In a training step, its
-    forward alone (:func:`forward_once`)."""
+    deep copy); a module it did not call is the prepared model's. The run stops as the
+    first module is entered where that is the prepared model itself (the fix calls the
+    model it was given: its modules are the prepared model's, and the rest of a forward in
+    the cell's dtype would only cost time). In a training step, its forward alone
+    (:func:`forward_once`)."""
     assert isinstance(workload.model, nn.Module)
     called = dict(workload.model.named_modules())
+    first = True
 
     def entered(path: str, module: nn.Module, args: Any, kwargs: Any) -> None:
+        nonlocal first
+        if first and not path and module is workload.model:
+            raise ModelItself
+        first = False
         called[path] = module
 
-    with hooked(workload.model, entered, None):
-        if ctx.stage == TRAIN_STAGE:
-            forward_once(case, fix, ctx, workload)
-        else:
-            run_fix_checked(case, fix, ctx, trace=False, workload=workload, record=False)
+    try:
+        with hooked(workload.model, entered, None):
+            if ctx.stage == TRAIN_STAGE:
+                forward_once(case, fix, ctx, workload)
+            else:
+                run_fix_checked(case, fix, ctx, trace=False, workload=workload, record=False)
+    except ModelItself:
+        pass
     return called
+
+
+class ModelItself(BaseException):
+    """The fix's first module call is of the prepared model itself: stop its run there (a
+    ``BaseException``, which a fix's ``except Exception`` around a fallback lets by)."""
 
 
 def forward_once(case: Case, fix: str, ctx: RunContext, workload: Workload) -> None:
@@ -541,10 +586,13 @@ class Twins:
     scaling: Scaling = field(default_factory=Scaling)
     noise: torch.Generator = field(default_factory=noise_source)
 
-    def cell_output(self, path: str, args: Any, kwargs: Any) -> Any:
+    def cell_output(
+        self, path: str, args: Any, kwargs: Any, calls: Sequence[ChildCall] = ()
+    ) -> tuple[Any, Replay]:
         """The cell's module on the inputs rounded to the cell's dtype, as the cell holds
         them (its compute dtype; float32 inside a part kept in float32), on its device,
-        under its autocast, out of the float64 run's dispatch modes."""
+        under its autocast, out of the float64 run's dispatch modes, the modules it calls
+        replaying ``calls`` (:mod:`.divergence_replay`); and what it passed them."""
         module = self.cell[path]
         held = held_dtype(module, self.precision.compute_dtype)
         dtype, device = TORCH_DTYPES[self.dtype], self.precision.device
@@ -556,7 +604,10 @@ class Twins:
 
         with _disable_current_modes(), torch.no_grad(), autocast_region(self.precision):
             inputs = map_tensors((args, kwargs), as_cell, same_module)
-            return module(*inputs[0], **inputs[1])
+            replayed = replaying(calls, self.cell.__getitem__, as_held(device), cloned, inputs)
+            with replayed as replay:
+                output = module(*inputs[0], **inputs[1])
+        return output, replay
 
     def as_cell(self, module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
         """A float64 tensor as the cell holds it before ``module``: rounded to the cell's
@@ -612,20 +663,34 @@ class Twins:
             return gradients_of(module, mine, params, grads, fed, self.rounding(path, module))
 
     def stick_output(
-        self, path: str, args: Any, kwargs: Any, casts: CastsSeen | None = None
-    ) -> Any:
+        self,
+        path: str,
+        args: Any,
+        kwargs: Any,
+        casts: CastsSeen | None = None,
+        calls: Sequence[ChildCall] = (),
+        keep_at: Collection[int] = (),
+    ) -> tuple[Any, Replay]:
         """The yardstick's module on the inputs rounded to the cell's dtype, in float64,
         rounding what it and the modules in it return as the yardstick's run does, under
         the float64 run's modes where float64's own call of it cast narrower
-        (:meth:`float64_modes`; ``casts`` None where not known)."""
+        (:meth:`float64_modes`; ``casts`` None where not known), the modules it calls
+        replaying ``calls``; and what it passed those ``keep_at`` names, stored as the
+        yardstick stores a value between modules."""
 
         def rounded(tensor: torch.Tensor) -> torch.Tensor:
             return round_stored(tensor, self.dtype, self.noise)
 
+        def passed(value: Any) -> Any:
+            value = cloned(value)
+            return map_tensors(value, rounded, same_module) if self.activations else value
+
         inputs = map_tensors((args, kwargs), rounded, same_module)
         module = self.stick.get_submodule(path)
-        with self.float64_modes(casts), self.rounding(path, module):
-            return module(*inputs[0], **inputs[1])
+        replayed = replaying(calls, self.stick.get_submodule, as_is, passed, keep_at=keep_at)
+        with self.float64_modes(casts), self.rounding(path, module), replayed as replay:
+            output = module(*inputs[0], **inputs[1])
+        return output, replay
 
     def float64_modes(self, casts: CastsSeen | None) -> AbstractContextManager[Any]:
         """What the yardstick's module runs under: the float64 run's dispatch modes, which
@@ -687,12 +752,14 @@ def same_module(module: nn.Module) -> nn.Module:
 class Entry:
     """A module entered and not yet returned: its inputs (cloned: its forward may change
     them in place), the float64 run's count of narrowing casts then (:func:`casts_so_far`;
-    None where not known), and the casts made inside the modules it has called since."""
+    None where not known), the casts made inside the modules it has called since, and
+    those calls, which its twins replay."""
 
     module: nn.Module
     inputs: Any
     casts: int | None
     casts_inside: int = 0
+    calls: Calls = field(default_factory=Calls)
 
 
 @dataclass(frozen=True)
@@ -738,13 +805,16 @@ class Measuring:
         if entry is None:
             return
         casts = self.casts_seen(path, entry)
+        dtypes: tuple[torch.dtype, ...] | None = None
         try:
-            measured = self.measured(path, module, entry.inputs, output, casts)
+            measured, dtypes = self.measured(path, module, entry, output, casts)
         except Exception as error:
             self.unmeasured.append(f"{path or 'the model'}: {type(error).__name__}")
-            return
+            measured = None
         if measured is not None:
             self.figures.append(measured)
+        if self.entered_with:
+            self.entered_with[-1].calls.add(path, entry.inputs, output, dtypes)
 
     def entry_of(self, module: nn.Module) -> Entry | None:
         """The entry ``module`` was entered with (those of a module that raised before
@@ -771,25 +841,78 @@ class Measuring:
         return CastsSeen(own, tuple(p for p in inside if p != path))
 
     def measured(
-        self, path: str, module: nn.Module, inputs: Any, output: Any, casts: CastsSeen | None
-    ) -> ModuleFigures | None:
+        self, path: str, module: nn.Module, entry: Entry, output: Any, casts: CastsSeen | None
+    ) -> tuple[ModuleFigures | None, tuple[torch.dtype, ...] | None]:
+        """The module's figures, and the dtypes of the floating tensors its cell's twin
+        returned (None where its twin was not called); measured on its own code, the
+        modules it called replayed, where they can be, else whole."""
         reference = floating(output)
         if not reference:
-            return None  # nothing floating returned: nothing to compare
-        args, kwargs = inputs
+            return None, ()  # nothing floating returned: nothing to compare
         site = (path, type(module).__name__, forward_site(module))
-        if beyond_range(inputs, self.twins.dtype):
-            return ModuleFigures(*site, math.nan, math.nan, math.nan)
-        error = compared(floating(self.twins.cell_output(path, args, kwargs)), reference)
-        stick = self.twins.stick_output(path, args, kwargs, casts)
-        rounding = compared(floating(stick), reference)
-        floor = DTYPE_FLOOR[TORCH_DTYPES[self.twins.dtype]] / self.factor
-        ratio = error / max(rounding, floor) if math.isfinite(rounding) else math.nan
-        figures = ModuleFigures(*site, error, rounding, ratio)
+        if beyond_range(entry.inputs, self.twins.dtype):
+            return ModuleFigures(*site, math.nan, math.nan, math.nan), None
+        try:
+            worst, dtypes = self.worst_point(path, entry, reference, casts, entry.calls.replayed())
+        except NotReplayed:
+            worst, dtypes = self.worst_point(path, entry, reference, casts, ())
+        figures = ModuleFigures(*site, *worst)
         if beyond(figures, self.factor) and not any(beyond(f, self.factor) for f in self.figures):
+            inputs = entry.inputs
             op = module_first_op(self.twins, path, module, inputs, self.factor, not figures.finite)
             figures = replace(figures, op=op.named())
-        return figures
+        return figures, dtypes
+
+    def worst_point(
+        self,
+        path: str,
+        entry: Entry,
+        reference: Tensors,
+        casts: CastsSeen | None,
+        calls: Sequence[ChildCall],
+    ) -> tuple[tuple[float, float, float], tuple[torch.dtype, ...]]:
+        """The error, rounding and ratio where the module's twins leave float64 the most:
+        at what it returns, or at what it passed a module it called (:mod:`.divergence_replay`);
+        and the dtypes of what the cell's twin returned."""
+        args, kwargs = entry.inputs
+        mine, mine_passed = self.twins.cell_output(path, args, kwargs, calls)
+        fed = mine_passed.fed()
+        stick, stick_passed = self.twins.stick_output(path, args, kwargs, casts, calls, fed)
+        points = [(floating(mine), floating(stick), reference)]
+        for index in fed:
+            cell_in, stick_in = mine_passed.passed[index], stick_passed.passed[index]
+            points.append((floating(cell_in), floating(stick_in), floating(calls[index].inputs)))
+        floor = DTYPE_FLOOR[TORCH_DTYPES[self.twins.dtype]] / self.factor
+        figures = [point_figures(*point, floor) for point in points if point[2]]
+        if len(figures) > 1 and any(math.isnan(f[0]) for f in figures[1:]):
+            raise NotReplayed("a module was passed other tensors than float64 passed it")
+        return worst_of(figures), floating_dtypes(mine)
+
+
+def point_figures(
+    cell: Tensors, stick: Tensors, truth: Tensors, floor: float
+) -> tuple[float, float, float]:
+    """Error, rounding and ratio of the twins' tensors at one point (NaN error where they
+    are other tensors than float64's there)."""
+    try:
+        scale = scale_of(truth)
+        error, rounding = compared(cell, truth, scale), compared(stick, truth, scale)
+    except ValueError:
+        return math.nan, math.nan, math.nan
+    ratio = error / max(rounding, floor) if math.isfinite(rounding) else math.nan
+    return error, rounding, ratio
+
+
+def worst_of(figures: list[tuple[float, float, float]]) -> tuple[float, float, float]:
+    """The point of the largest ratio (infinite first; one not measurable, NaN, only where
+    none is)."""
+    measured = [f for f in figures if not math.isnan(f[2])]
+    return max(measured, key=lambda f: f[2]) if measured else figures[0]
+
+
+def cloned(value: Any) -> Any:
+    """Copies of the tensors in ``value`` (a module may change what it was passed)."""
+    return map_tensors(value, lambda t: t.detach().clone(), same_module)
 
 
 @contextmanager
@@ -837,34 +960,46 @@ def floating(output: Any) -> Tensors:
     return [t for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
 
-def compared(outputs: Tensors, reference: Tensors) -> float:
+def compared(outputs: Tensors, reference: Tensors, scale: float | None = None) -> float:
     """``max|output - reference| / max|reference|`` over all the tensors (the reference's
-    finite values), infinite where an output is non-finite and the reference is not there
-    (the same infinity in both is no error); ``ValueError`` for other tensors than the
-    reference's."""
+    finite values; ``scale``, where given, is that denominator), infinite where an output
+    is non-finite and the reference is not there (the same infinity in both is no error);
+    ``ValueError`` for other tensors than the reference's."""
     if len(outputs) != len(reference):
         raise ValueError(f"returned {len(outputs)} tensors, float64 {len(reference)}")
-    worst, scale = 0.0, 0.0
-    with _disable_current_modes():
+    worst = 0.0
+    with out_of_modes():
         for output, expected in zip(outputs, reference, strict=True):
             if output.shape != expected.shape:
                 raise ValueError(
                     f"returned shape {tuple(output.shape)}, float64 {tuple(expected.shape)}"
                 )
-            if not expected.numel():
-                continue
-            got, want = as_float64_cpu(output), as_float64_cpu(expected)
-            worst = max(worst, largest_difference(got, want))
-            scale = max(scale, largest_finite(want))
+            if expected.numel():
+                worst = max(worst, largest_difference(in_float64(output), in_float64(expected)))
+        scale = scale_of(reference) if scale is None else scale
     if not math.isfinite(worst):
         return math.inf
     return worst / scale if scale > 0 else worst
 
 
+def scale_of(reference: Tensors) -> float:
+    """``max|reference|`` over the finite values of all the tensors."""
+    with out_of_modes():
+        return max((largest_finite(in_float64(t)) for t in reference if t.numel()), default=0.0)
+
+
+def in_float64(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in float64 on the CPU; a half one by way of float32 (exact, and torch's
+    CPU conversion from half to float64 takes several times longer)."""
+    if tensor.dtype in (torch.float16, torch.bfloat16):
+        tensor = tensor.detach().to(device="cpu", dtype=torch.float32)
+    return as_float64_cpu(tensor)
+
+
 def largest_difference(got: torch.Tensor, want: torch.Tensor) -> float:
     """``max|got - want|``: infinite where ``got`` is non-finite and ``want`` is not the
     same infinity there (one pass where all is finite, the common case)."""
-    quick = float((got - want).abs().max())
+    quick = float(torch.sub(got, want).abs_().amax())
     if math.isfinite(quick):
         return quick
     diff = torch.where(got == want, 0.0, (got - want).abs()).nan_to_num(math.inf, math.inf)
@@ -873,7 +1008,8 @@ def largest_difference(got: torch.Tensor, want: torch.Tensor) -> float:
 
 def largest_finite(tensor: torch.Tensor) -> float:
     """``max|tensor|`` over its finite values (0 where it has none)."""
-    quick = float(tensor.abs().max())
+    least, largest = (float(t) for t in torch.aminmax(tensor))
+    quick = max(-least, largest)
     if math.isfinite(quick):
         return quick
     finite = tensor[torch.isfinite(tensor)]
