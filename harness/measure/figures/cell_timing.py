@@ -16,7 +16,14 @@ import torch
 
 from harness.measure.authoring import registry
 from harness.measure.figures.perf import perf_figures
-from harness.measure.figures.timing import Stopwatch, measure_interleaved, stopwatch_for
+from harness.measure.figures.timing import (
+    Stop,
+    Stopwatch,
+    Timing,
+    measure_interleaved,
+    samples_needed,
+    stopwatch_for,
+)
 from harness.measure.host import torch_state
 from harness.measure.precision.outputs import output_leaves
 from harness.measure.running.crashes import changed_note
@@ -116,6 +123,38 @@ def rerun_note(timed: TimedCall) -> Note | None:
     return Note(NoteKind.NOT_RERUNNABLE, NOT_RERUNNABLE)
 
 
+#: What ended a noisy timing's sampling, in words (``{target}``: the precision aimed at,
+#: ``{needed}``: the samples it would have taken, ``{rounds}``: ``plateau_rounds``).
+STOPPED = {
+    Stop.PRECISE: "that is within the target of {target:.0%}: more samples would not move it",
+    Stop.OUT_OF_REACH: "within {target:.0%} would take about {needed:.0f} samples, more than "
+    "the budget leaves: left noisy",
+    Stop.NOT_SHRINKING: "its median's interval did not shrink over the last {rounds} rounds: "
+    "left noisy",
+    Stop.CAPPED: "a hard cap on samples or time came first",
+}
+
+
+def noise_note(timing: Timing, config: TimingConfig) -> Note | None:
+    """Why a timing is noisy, from its samples and its stop: the spread (IQR / median)
+    it reached against the threshold, how well the samples know their median (half its
+    95% interval), the samples and time taken, and what ended the sampling."""
+    if not timing.noisy:
+        return None
+    reason = STOPPED[timing.stop].format(
+        target=config.precision,
+        needed=samples_needed(timing.count, timing.precision, config.precision),
+        rounds=config.plateau_rounds,
+    )
+    seconds = sum(timing.samples) * timing.block
+    return Note(
+        NoteKind.NOISY,
+        f"timing did not settle: IQR {timing.spread:.1%} of the median (settled: under "
+        f"{config.iqr_threshold:.0%}), its median known within {timing.precision:.1%} after "
+        f"{timing.count} samples of {timing.block} calls ({seconds:.2f} s); {reason}",
+    )
+
+
 def restored_note(changed: list[SettingChange], notes: tuple[Note, ...]) -> Note | None:
     if not changed:
         return None
@@ -152,7 +191,7 @@ def time_column(
     )
     timed = iter(
         replace(
-            c.record.noted(rerun_note(c)),
+            c.record.noted(rerun_note(c), noise_note(timing, config)),
             perf=replace(
                 perf_figures(c.call, c.device, c.record.cell.dtype, timing), timing_worker=worker
             ),

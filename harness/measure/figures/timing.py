@@ -2,10 +2,15 @@
 
 The method follows ``torch.utils.benchmark.Timer.blocked_autorange``: one *sample* is a
 block of calls long enough to dwarf the clock's resolution, and the figure is the median
-of per-call times over samples. Repetition is adaptive: sampling stops once the spread
-(IQR / median) falls under a threshold, or when the time budget runs out, in which case the
-result is flagged ``noisy``. Fixes that will be compared are timed interleaved, one sample
-of each per round. The clock is injected, so tests drive it with a fake.
+of per-call times over samples. Repetition is adaptive and bounded by what more samples can
+still tell (:class:`StopRule`): sampling stops once the spread (IQR / median) falls under a
+threshold (the machine was quiet for the call), or once the median is known to the target
+precision (its 95% interval, which shrinks as 1 / sqrt(n) where samples are drawn alike);
+it is given up, and the result flagged ``noisy`` with the reason (:class:`Stop`), once that
+precision would take more samples than the budget leaves, or the interval has stopped
+shrinking (a busy machine's samples are not drawn alike). Fixes that will be compared are
+timed interleaved, one sample of each per round. The clock is injected, so tests drive it
+with a fake.
 
 On CUDA a sample is bracketed by CUDA events (the device's own clock) after a synchronise,
 and an optional L2 flush (writing a buffer larger than the cache) precedes each sample.
@@ -13,15 +18,17 @@ and an optional L2 flush (writing a buffer larger than the cache) precedes each 
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from harness.schema.config import TimingConfig
 from harness.schema.devices import CUDA
-from harness.schema.stats import quartiles
+from harness.schema.stats import median_precision, quartiles
 
 if TYPE_CHECKING:  # torch is imported where CUDA is timed: reports read this module too
     import torch
@@ -29,9 +36,26 @@ if TYPE_CHECKING:  # torch is imported where CUDA is timed: reports read this mo
 Clock = Callable[[], float]
 
 
+class Stop(str, Enum):
+    """Why a function's sampling ended (see :class:`StopRule`)."""
+
+    #: The spread fell under the threshold: the machine was quiet for this call.
+    SETTLED = "settled"
+    #: The spread stayed above the threshold, but the median is known to the target
+    #: precision: more samples would not change it.
+    PRECISE = "precise"
+    #: The target precision would take more samples than the budget leaves.
+    OUT_OF_REACH = "out-of-reach"
+    #: The median's interval did not shrink over the last ``plateau_rounds`` rounds.
+    NOT_SHRINKING = "not-shrinking"
+    #: A hard cap (``max_samples``, ``max_sampling_s``) came before ``min_samples``.
+    CAPPED = "capped"
+
+
 @dataclass(frozen=True)
 class Timing:
-    """Per-call times (seconds, one per sample) and their statistics."""
+    """Per-call times (seconds, one per sample) and their statistics; why sampling
+    stopped, and the precision its median reached (:func:`median_precision`)."""
 
     samples: tuple[float, ...]
     block: int
@@ -40,6 +64,8 @@ class Timing:
     min: float
     noisy: bool
     timer: str
+    stop: Stop = Stop.SETTLED
+    precision: float = 0.0
 
     @property
     def count(self) -> int:
@@ -147,10 +173,10 @@ def measure_interleaved(
 ) -> list[Timing]:
     """Time several functions side by side: each round takes one sample of every function,
     so a drift of the machine's speed during the measurement affects all of them alike.
-    Rounds go on until every function's spread is under the threshold, or the budget
-    (``budget_s`` per function) runs out. ``estimates``: per-call times of functions
-    already warm (called and timed by the caller), which then need no warm-up of their own,
-    as ``blocked_autorange`` sizes its blocks from one call."""
+    Rounds go on until the :class:`StopRule` of every function says stop, or a hard cap
+    is reached: ``max_samples`` rounds, or ``max_sampling_s`` per function. ``estimates``:
+    per-call times of functions already warm (called and timed by the caller), which then
+    need no warm-up of their own, as ``blocked_autorange`` sizes its blocks from one call."""
     watch = stopwatch or ClockStopwatch(clock)
     if estimates is None:
         estimates = [warm_up(fn, config, watch, clock) for fn in fns]
@@ -160,21 +186,105 @@ def measure_interleaved(
     else:
         started = clock()
         blocks, samples = first_samples(fns, estimates, watch, config)
-    budget = config.budget_s * len(fns)
-    plateau = Plateau(config.plateau_rounds)
-    while min(map(len, samples)) < config.max_samples:
-        for fn, block, mine in zip(fns, blocks, samples, strict=True):
+    rules = [StopRule(config) for _ in fns]
+    budget = Budget(config, len(fns))
+    for rounds in itertools.count(1):
+        for fn, block, mine, rule in zip(fns, blocks, samples, rules, strict=True):
             mine.append(watch.time_block(fn, block) / block)
-        if not enough_calls(samples, blocks, config):
-            continue
-        if all(converged(s, config) for s in samples) or clock() - started >= budget:
-            break
-        if plateau.reached(max(spread_of(s) for s in samples)):
+            rule.observe(mine)
+        elapsed = clock() - started
+        capped = budget.capped(samples, elapsed)
+        stops = [
+            None if capped else rule.verdict(s, block, budget.affordable(len(s), elapsed, rounds))
+            for rule, s, block in zip(rules, samples, blocks, strict=True)
+        ]
+        if capped or all(stop is not None for stop in stops):
             break
     return [
-        summarize(s, block, noisy=not converged(s, config), timer=watch.name)
-        for s, block in zip(samples, blocks, strict=True)
+        summarize(s, block, stop or rule.final(s), timer=watch.name)
+        for s, block, stop, rule in zip(samples, blocks, stops, rules, strict=True)
     ]
+
+
+class Budget:
+    """What a column's sampling may spend: its budget (``budget_s`` per function), beyond
+    which a noisy function's target precision is out of reach, and its hard caps."""
+
+    def __init__(self, config: TimingConfig, functions: int) -> None:
+        self.config = config
+        self.seconds = config.budget_s * functions
+        self.hard_seconds = config.max_sampling_s * functions
+
+    def capped(self, samples: list[list[float]], elapsed: float) -> bool:
+        """Whether a hard cap is reached: ``max_samples`` samples, or ``max_sampling_s``
+        per function, whatever ``min_calls`` asks."""
+        return min(map(len, samples)) >= self.config.max_samples or elapsed >= self.hard_seconds
+
+    def affordable(self, count: int, elapsed: float, rounds: int) -> float:
+        """Samples a function of ``count`` samples will have when the budget runs out, at
+        the pace of the ``rounds`` taken in ``elapsed`` seconds."""
+        left = max(0.0, self.seconds - elapsed)
+        more = left * rounds / elapsed if elapsed > 0 else math.inf
+        return min(float(self.config.max_samples), count + more)
+
+
+class StopRule:
+    """When one function's sampling may stop, judged after each round from its samples.
+
+    Settled (IQR / median under ``iqr_threshold``) or precise (the median's 95% interval
+    within ``precision`` of it) ends sampling once the function has ``min_samples``
+    samples and ``min_calls`` calls. A function that is neither is left, noisy, as soon as
+    more samples cannot tell more: where, at the 1 / sqrt(n) shrinking of samples drawn
+    alike, the target precision would take more samples than the budget leaves, or where
+    its interval has not shrunk at all over the last ``plateau_rounds`` rounds (a machine
+    whose speed drifts or jumps: more samples add no precision). That is decided after
+    ``min_samples`` rounds, ``min_calls`` or not: a busy core costs a noisy cell its first
+    rounds only."""
+
+    def __init__(self, config: TimingConfig) -> None:
+        self.config = config
+        self.widths: list[float] = []
+
+    def observe(self, samples: list[float]) -> None:
+        """After each sample: the median's precision so far."""
+        self.widths.append(median_precision(samples))
+
+    def verdict(self, samples: list[float], block: int, affordable: float) -> Stop | None:
+        """Why sampling may stop now (None: go on), where ``affordable`` samples could
+        still be reached."""
+        config = self.config
+        if len(samples) < config.min_samples:
+            return None
+        enough = len(samples) * block >= config.min_calls
+        if spread_of(samples) < config.iqr_threshold:
+            return Stop.SETTLED if enough else None
+        if self.widths[-1] <= config.precision:
+            return Stop.PRECISE if enough else None
+        if samples_needed(len(samples), self.widths[-1], config.precision) > affordable:
+            return Stop.OUT_OF_REACH
+        return Stop.NOT_SHRINKING if self.not_shrinking() else None
+
+    def not_shrinking(self) -> bool:
+        """The interval is no narrower than ``plateau_rounds`` rounds ago (where samples
+        drawn alike would have narrowed it by sqrt(n_then / n_now))."""
+        rounds = self.config.plateau_rounds
+        then = len(self.widths) - rounds  # the round compared with, counted from 1
+        return rounds > 0 and then >= self.config.min_samples and (
+            self.widths[-1] >= self.widths[then - 1]
+        )
+
+    def final(self, samples: list[float]) -> Stop:
+        """Why sampling ended where a hard cap ended it: the verdict with no more samples
+        to take, so a function short of ``min_calls`` is judged by the samples it has."""
+        verdict = StopRule(replace(self.config, min_calls=0))
+        verdict.widths = self.widths
+        return verdict.verdict(samples, 1, float(len(samples))) or Stop.CAPPED
+
+
+def samples_needed(count: int, width: float, target: float) -> float:
+    """Samples that would bring an interval of ``width`` over ``count`` samples to
+    ``target``, shrinking as 1 / sqrt(n)."""
+    return count * (width / target) ** 2 if target > 0 else math.inf
 
 
 def first_samples(
@@ -197,39 +307,16 @@ def first_samples(
     return blocks, samples
 
 
-def enough_calls(samples: list[list[float]], blocks: list[int], config: TimingConfig) -> bool:
-    """Every function has its ``min_samples`` samples and ``min_calls`` timed calls."""
-    return min(map(len, samples)) >= config.min_samples and all(
-        len(s) * block >= config.min_calls for s, block in zip(samples, blocks, strict=True)
-    )
-
-
-class Plateau:
-    """Whether the worst spread has stopped shrinking: no round in the last ``rounds`` has
-    brought it a tenth below the best seen before them."""
-
-    def __init__(self, rounds: int) -> None:
-        self.rounds = rounds
-        self.best = math.inf
-        self.since_better = 0
-
-    def reached(self, spread: float) -> bool:
-        if spread < self.best * 0.9:
-            self.best, self.since_better = spread, 0
-        else:
-            self.since_better += 1
-        return self.rounds > 0 and self.since_better >= self.rounds
-
-
-def converged(samples: list[float], config: TimingConfig) -> bool:
-    return len(samples) >= config.min_samples and spread_of(samples) < config.iqr_threshold
-
-
 def spread_of(samples: list[float]) -> float:
     q1, median, q3 = quartiles(samples)
     return (q3 - q1) / median if median > 0 else math.inf
 
 
-def summarize(samples: list[float], block: int, noisy: bool, timer: str) -> Timing:
+def summarize(samples: list[float], block: int, stop: Stop, timer: str) -> Timing:
+    """The samples' statistics; noisy unless their spread settled."""
     q1, median, q3 = quartiles(samples)
-    return Timing(tuple(samples), block, median, q3 - q1, min(samples), noisy, timer)
+    noisy = stop is not Stop.SETTLED
+    return Timing(
+        tuple(samples), block, median, q3 - q1, min(samples), noisy, timer, stop,
+        median_precision(samples),
+    )  # fmt: skip

@@ -109,7 +109,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 from torch.utils.hooks import RemovableHandle
 
 from harness.measure.authoring.case import Case, RunContext, Workload
@@ -602,7 +602,7 @@ class Twins:
                 return tensor.to(device)
             return tensor.to(dtype).to(device=device, dtype=held)
 
-        with _disable_current_modes(), torch.no_grad(), autocast_region(self.precision):
+        with out_of_modes(), torch.no_grad(), autocast_region(self.precision):
             inputs = map_tensors((args, kwargs), as_cell, same_module)
             replayed = replaying(calls, self.cell.__getitem__, as_held(device), cloned, inputs)
             with replayed as replay:
@@ -637,7 +637,7 @@ class Twins:
             rounded = (grad * scale).to(TORCH_DTYPES[self.dtype])
             return rounded.to(device=output.device, dtype=output.dtype)
 
-        with _disable_current_modes():
+        with out_of_modes():
             mine = pytree.tree_map_only(torch.Tensor, self.as_cell(module), inputs)
             found = gradients_of(module, mine, params, grads, fed, autocast_region(self.precision))
             return [g.double().cpu() / scale for g in found]
@@ -658,7 +658,7 @@ class Twins:
         def fed(grad: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
             return round_gradient(grad, self.dtype, self.noise).to(output.dtype)
 
-        with _disable_current_modes():
+        with out_of_modes():
             mine = pytree.tree_map_only(torch.Tensor, rounded, inputs)
             return gradients_of(module, mine, params, grads, fed, self.rounding(path, module))
 
@@ -703,7 +703,7 @@ class Twins:
         if casts is None:
             return nullcontext()
         stack = ExitStack()
-        stack.enter_context(_disable_current_modes())
+        stack.enter_context(out_of_modes())
         if casts.own:
             stack.enter_context(StaysFloat64())
         else:
@@ -738,7 +738,7 @@ def beyond_range(inputs: Any, dtype: str) -> bool:
     its inputs, and the module is not measurable (the overflow was upstream's)."""
     largest = torch.finfo(TORCH_DTYPES[dtype]).max
     tensors = [t for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)]
-    with _disable_current_modes():
+    with out_of_modes():
         return any(
             largest_finite(t) > largest for t in tensors if t.is_floating_point() and t.numel()
         )
@@ -796,7 +796,7 @@ class Measuring:
     def entered(self, path: str, module: nn.Module, args: Any, kwargs: Any) -> None:
         if self.done:
             return
-        with _disable_current_modes():
+        with out_of_modes():
             kept = map_tensors((args, kwargs), lambda t: t.detach().clone(), same_module)
         self.entered_with.append(Entry(module, kept, casts_so_far()))
 
@@ -1129,7 +1129,7 @@ class BackwardMeasuring:
 
     def entered(self, path: str, module: nn.Module, args: Any, kwargs: Any) -> None:
         self.entered_count += 1
-        with _disable_current_modes():
+        with out_of_modes():
             kept = map_tensors(
                 (args, kwargs),
                 lambda t: t.detach().clone().requires_grad_(t.requires_grad),
@@ -1193,7 +1193,7 @@ class BackwardMeasuring:
         again on its inputs (its hooks stand aside) and fed float64's gradient."""
         self.busy = True
         try:
-            with _disable_current_modes():
+            with out_of_modes():
                 return gradients_of(call.module, call.inputs, params, call.grads, same_gradient)
         finally:
             self.busy = False

@@ -196,6 +196,9 @@ def replaying(
     would. ``NotReplayed`` where the twin called them otherwise than float64 did (more
     often, or not every one)."""
     replay = Replay(calls, None if given is not None else frozenset(keep_at))
+    if not calls:  # a module that calls none: nothing to replay
+        yield replay
+        return
     replay.give(given)
     queues: dict[str, deque[tuple[int, ChildCall]]] = {}
     for index, call in enumerate(calls):

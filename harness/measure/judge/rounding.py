@@ -102,7 +102,14 @@ def rounded_in_float64(tensor: torch.Tensor, dtype: str, noise: torch.Generator)
         relative = torch.rand(tensor.shape, generator=noise, dtype=torch.float64) * 2 - 1
         moved = tensor * (1 + SIMULATED_ROUNDOFF[dtype] * relative.to(tensor.device))
         return torch.where(integers_up_to(tensor, largest_exact_integer(dtype)), tensor, moved)
-    return tensor.to(TORCH_DTYPES[dtype]).to(tensor.dtype)
+    narrow = tensor.to(TORCH_DTYPES[dtype])
+    if narrow.dtype in HALF_DTYPES and tensor.dtype == torch.float64:
+        narrow = narrow.float()  # exact, and torch's CPU half-to-float64 is several times slower
+    return narrow.to(tensor.dtype)
+
+
+#: The dtypes a float64 value is widened back from by way of float32.
+HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def largest_exact_integer(dtype: str) -> float:

@@ -13,11 +13,16 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    _disable_current_modes,
+    _pop_mode,
+    _push_mode,
+)
 
 DYNAMO = "torch._dynamo"
 
@@ -54,13 +59,34 @@ class LazyDynamoMode(TorchDispatchMode):
 
 
 def out_of_modes() -> AbstractContextManager[Any]:
-    """While it lasts, the dispatch modes about stand aside (``_disable_current_modes``),
-    for the harness's own ops in a run it watches; where none is about, nothing (that
-    context costs microseconds a call, and a deep model's yardstick rounds thousands of
-    tensors)."""
-    if torch._C._len_torch_dispatch_stack() or pre_dispatch_modes():
-        return _disable_current_modes()
-    return nullcontext()
+    """While it lasts, the dispatch modes about stand aside, for the harness's own ops in a
+    run it watches (what ``_disable_current_modes`` does, which imports four modules and
+    walks both mode stacks on every call: a deep model's profile enters it thousands of
+    times)."""
+    return ModesAside()
+
+
+class ModesAside:
+    """The dispatch modes popped on entry and pushed back on exit; where torch's
+    pre-dispatch stack holds any, ``_disable_current_modes`` itself."""
+
+    def __init__(self) -> None:
+        self.popped: list[TorchDispatchMode] = []
+        self.whole: AbstractContextManager[Any] | None = None
+
+    def __enter__(self) -> None:
+        if pre_dispatch_modes():
+            self.whole = _disable_current_modes()
+            self.whole.__enter__()
+            return
+        self.popped = [_pop_mode() for _ in range(torch._C._len_torch_dispatch_stack())]
+
+    def __exit__(self, *raised: Any) -> None:
+        if self.whole is not None:
+            self.whole.__exit__(*raised)
+            return
+        for mode in reversed(self.popped):
+            _push_mode(mode)
 
 
 def pre_dispatch_modes() -> int:
