@@ -34,7 +34,7 @@ def test_a_drawing_started_early_returns_the_figures_drawn_here() -> None:
         drawer.give(JOBS)
         figures = drawer.figures()
     assert figures == expected
-    assert figures[1] is None and figures[0] and figures[0].startswith("data:image/png")
+    assert figures[1] is None and figures[0] and figures[0].startswith("<svg")
 
 
 def test_a_drawing_given_nothing_to_draw_ends_its_process() -> None:

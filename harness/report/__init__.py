@@ -1,5 +1,5 @@
 """The HTML report, ``compare`` and the Markdown summary: pure functions of results files
-(pandas, jinja2, matplotlib; never torch).
+(pandas and jinja2; never torch).
 
 Its public surface is below, each name loaded from its module on first use; see
 ``docs/architecture.md`` for the layers.

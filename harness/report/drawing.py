@@ -1,8 +1,7 @@
 """The report's plots drawn in a process of their own, started before the report reads its
-runs: the process imports matplotlib (half a second) while the runs are read and the tables
-built, and draws the figures once it is given them
-(:func:`harness.report.plots.error_vs_time` of each job). Where the platform cannot fork, or
-the process fails, the figures are drawn here when asked for.
+runs: it draws the figures (:func:`harness.report.plots.error_vs_time` of each job) while
+the tables are built. Where the platform cannot fork, or the process fails, the figures are
+drawn here when asked for.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ if TYPE_CHECKING:
 
 
 class Drawing:
-    """A drawing process: ``start()`` forks it (it imports matplotlib meanwhile), ``give``
+    """A drawing process: ``start()`` forks it, ``give``
     sends it the jobs, ``figures`` returns what it drew, in the order of the jobs."""
 
     def __init__(self) -> None:
@@ -90,13 +89,12 @@ class Drawing:
 
 
 def draw_when_given(connection: Connection) -> None:
-    """In the drawing process: import matplotlib, wait for the jobs, send the figures (None
-    if drawing failed, or no jobs came)."""
+    """In the drawing process: wait for the jobs, send the figures (None if drawing
+    failed, or no jobs came)."""
     figures: list[Any] | None = None
     with suppress(Exception):
         from harness.report import plots
 
-        plots.warm_up()
         jobs = connection.recv()
         if jobs is None:
             return

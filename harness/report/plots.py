@@ -1,98 +1,55 @@
-"""Plots for the report (matplotlib, Agg), returned as inline ``data:`` PNG URIs.
-
-matplotlib is imported when a plot is drawn (a quarter to half a second), in the report's
-drawing process (:class:`harness.report.drawing.Drawing`), which imports it while the
-report reads its runs and builds its tables.
+"""Plots for the report, as inline SVG (strings, no matplotlib): a case's error vs time
+(:mod:`harness.report.error_chart`) and a fit's loss curve. The error-vs-time pictures are
+drawn in the report's drawing process (:class:`harness.report.drawing.Drawing`) while the
+tables are built.
 """
 
 from __future__ import annotations
 
-import base64
-import io
 import itertools
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 
-if TYPE_CHECKING:
-    from matplotlib.axes import Axes
-    from matplotlib.figure import Figure
+from harness.report.error_chart import COLOURS, Series, error_chart
 
-Colour = tuple[float, float, float]
+#: Each environment's (or device's) marker, matplotlib's letters for them.
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
-
-
-def to_data_uri(figure: Figure) -> str:
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=96)  # constrained layout already fits it
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 def error_vs_time(case_frame: pd.DataFrame, passing_everywhere: set[str]) -> str | None:
     """Error against the float64 reference vs median time, one colour per fix; fixes that
-    pass everywhere are drawn with a black edge and marked in the legend.
+    pass everywhere are drawn with a black edge and marked in the legend: an inline SVG
+    (:mod:`harness.report.error_chart`), None where no cell has both figures.
 
-    Drawn once per case, with a bounded number of scatter calls whatever the number of
-    cells: environments get a marker each while they are few; beyond ``len(MARKERS)`` they
-    are grouped by device, so the legend stays one entry per fix and one per marker."""
+    Drawn once per case, one path per row and marker whatever the number of cells:
+    environments get a marker each while they are few; beyond ``len(MARKERS)`` they are
+    grouped by device, so the legend stays one entry per fix and one per marker."""
     points = plotted(case_frame)
     by, title = marker_groups(points)
     # a point drawn twice in the same place and marker shows nothing more
     points = points.drop_duplicates(["row", by, "median_s", "rel_err"])
     if points.empty:
         return None
-    import matplotlib
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import ScalarFormatter
-
-    figure = Figure(figsize=(10, 4.2), layout="constrained")
-    axes = figure.subplots()
-    palette = matplotlib.colormaps["tab10"].colors  # type: ignore[attr-defined]
-    colours: dict[str, Colour] = dict(zip(sorted(points["row"].unique()), palette, strict=False))
+    rows = sorted(points["row"].unique())
+    colours = {str(row): COLOURS[i % len(COLOURS)] for i, row in enumerate(rows)}
     # the rows of a fix that passes everywhere (a row is its fix, backend, size and stage)
     fixes = zip(points["row"], points["fix"], strict=True)
     edged = {str(row) for row, fix in fixes if fix in passing_everywhere}
     groups = sorted(points[by].unique())
-    _draw_points(axes, points, by, colours, groups, edged)
-    axes.set(
-        xscale="log",
-        yscale="log",
-        xlabel="median time per call (ms)",
-        ylabel="relative error vs float64",
-    )
-    axes.grid(True, which="both", alpha=0.25)
-    axes.xaxis.set_major_formatter(ScalarFormatter())
-    axes.xaxis.set_minor_formatter(ScalarFormatter())
-    _legends(figure, colours, groups, title, edged)
-    return to_data_uri(figure)
+    markers = {str(group): MARKERS[i % len(MARKERS)] for i, group in enumerate(groups)}
+    return error_chart(series_of(points, by), markers, colours, edged, title)
 
 
-def _draw_points(
-    axes: Axes,
-    points: pd.DataFrame,
-    by: str,
-    colours: dict[str, Colour],
-    groups: list[str],
-    edged: set[str],
-) -> None:
-    """One marker per group of ``by``, one colour per row, a black edge for ``edged`` rows."""
-    dense = len(points) > 400
-    for (row, group_name), group in points.groupby(["row", by]):
-        colour = colours.get(str(row), "grey")
-        # markers on a line with no line: Agg stamps one marker, where a scatter draws
-        # every point as a path of its own (seconds over 100,000 points)
-        axes.plot(
-            group["median_s"] * 1e3,
-            group["rel_err"],
-            linestyle="",
-            color=colour,
-            marker=MARKERS[groups.index(group_name) % len(MARKERS)],
-            markersize=3.7 if dense else 6.8,
-            alpha=0.5 if dense else 0.85,
-            markeredgecolor="black" if str(row) in edged else colour,
-        )
+def series_of(points: pd.DataFrame, by: str) -> list[Series]:
+    """The points per row and marker group, in that order: (time in ms, error) each."""
+    found: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    columns = (points["row"], points[by], points["median_s"], points["rel_err"])
+    for row, group, seconds, error in zip(*(c.tolist() for c in columns), strict=True):
+        found.setdefault((str(row), str(group)), []).append((seconds * 1e3, error))
+    return [Series(row, group, found[row, group]) for row, group in sorted(found)]
 
 
 #: The columns of a case's frame that its plot draws.
@@ -100,20 +57,17 @@ PLOTTED = ["row", "fix", "env", "device", "rel_err", "median_s"]
 
 
 def plotted(case_frame: pd.DataFrame) -> pd.DataFrame:
-    """The cells a plot shows (those with an error above zero and a time), and only the
-    columns it reads: what is sent to the drawing process."""
+    """The cells a plot shows (those with a finite error above zero and a finite time),
+    and only the columns it reads: what is sent to the drawing process. A non-finite
+    error (a cell whose output overflowed) has no place on a log axis: its cell's table
+    row says it."""
     has_both = case_frame["rel_err"].notna() & case_frame["median_s"].notna()
     points = case_frame.loc[has_both, PLOTTED]
-    return points[points["rel_err"] > 0]
+    errors, times = points["rel_err"].astype(float), points["median_s"].astype(float)
+    return points[(errors > 0) & np.isfinite(errors) & (times > 0) & np.isfinite(times)]
 
 
 Job = tuple[pd.DataFrame, set[str]]
-
-
-def warm_up() -> None:
-    """Import what drawing a figure needs (a quarter to half a second), ahead of the jobs."""
-    import matplotlib.figure
-    import matplotlib.ticker  # noqa: F401
 
 
 def marker_groups(points: pd.DataFrame) -> tuple[str, str]:
@@ -122,43 +76,6 @@ def marker_groups(points: pd.DataFrame) -> tuple[str, str]:
     if envs <= len(MARKERS):
         return "env", "environment"
     return "device", f"device ({envs} environments)"
-
-
-def _legends(
-    figure: Figure,
-    colours: dict[str, Colour],
-    groups: list[str],
-    title: str,
-    edged: set[str],
-) -> None:
-    from matplotlib.lines import Line2D
-
-    fix_handles = [
-        Line2D(
-            [],
-            [],
-            marker="o",
-            linestyle="",
-            color=colour,
-            markeredgecolor="black" if row in edged else colour,
-            label=row + (" (passes everywhere)" if row in edged else ""),
-        )
-        for row, colour in colours.items()
-    ]
-    env_handles = [
-        Line2D([], [], marker=MARKERS[i % len(MARKERS)], linestyle="", color="grey", label=name)
-        for i, name in enumerate(groups)
-    ]
-    figure.legend(
-        handles=fix_handles, loc="outside right upper", fontsize=8, title="fix", title_fontsize=8
-    )
-    figure.legend(
-        handles=env_handles,
-        loc="outside right lower",
-        fontsize=8,
-        title=title,
-        title_fontsize=8,
-    )
 
 
 #: The size of a fit's loss curve in the report (CSS pixels) and its margin.
