@@ -258,16 +258,15 @@ PLACE_COLUMNS = ["env", "device", "size", "stage", "dtype", "mode", "backend", "
 
 def places_by_fix(case_frame: pd.DataFrame) -> dict[str, frozenset[tuple[str, ...]]]:
     """Where each fix (``none`` too) ran: skipped cells aside, and the float32 control,
-    which only the upstream path ran before every fix did."""
-    ran = case_frame[
-        (case_frame["outcome"] != Outcome.SKIPPED.value) & (case_frame["mode"] != CONTROL_MODE)
-    ]
-    return {
-        str(fix): frozenset(
-            tuple(map(str, place)) for place in cells[PLACE_COLUMNS].itertuples(index=False)
-        )
-        for fix, cells in ran.groupby("fix")
-    }
+    which only the upstream path ran before every fix did. Read off the columns as lists
+    (a frame per fix cost more than the rest of a case's recommendation)."""
+    ran = (case_frame["outcome"] != Outcome.SKIPPED.value) & (case_frame["mode"] != CONTROL_MODE)
+    columns = [case_frame[c].tolist() for c in ("fix", *PLACE_COLUMNS)]
+    found: dict[str, set[tuple[str, ...]]] = {}
+    for kept, fix, *place in zip(ran.tolist(), *columns, strict=True):
+        if kept:
+            found.setdefault(str(fix), set()).add(tuple(map(str, place)))
+    return {fix: frozenset(places) for fix, places in sorted(found.items())}
 
 
 def narrower_fixes(case_frame: pd.DataFrame, fixes: Sequence[str]) -> dict[str, str]:
