@@ -56,9 +56,9 @@ both float16 ``half``; the ratio of each module, in the order they return:
   blocks.2.norm1 (bug) 4.11e4                      1.5e4                      7.95e3
   blocks.2.attn.q/k/v  1, 1, 1                     2.02e4, 1.32e4, 1.67e4     1.35, 0.66
   blocks.2.attn.out    1                           non-finite                 undefined
-  the 96 modules after 1 to 1.82 (but blocks.2     non-finite, every one      undefined
-                       and the model: they hold
-                       the norm, non-finite)
+  the 96 modules after 1 to 1.93 (blocks.2 and    non-finite, every one      undefined
+                       the model, on their own
+                       code, 1.26 and 1)
   ===================  ==========================  =========================  ===========
 
   t5-wo-keep-fp32: ff.layer_norm, wi, act: (a) 1, 1, 1; (b) 1.3, 1.74, 1; both then name
@@ -67,7 +67,7 @@ both float16 ``half``; the ratio of each module, in the order they return:
 
 Both name the injected module first. (a) names nothing else: the modules after it meet
 float64's own inputs, so the error the norm made is not theirs, and the largest ratio of a
-healthy module is 1.82 (a norm; linears read 1.0), 5.5 times under the factor. (b) reads
+healthy module is 1.93 (a norm; linears read 1.0), 5.2 times under the factor. (b) reads
 every module after the bug as beyond its rounding (the error carried along, here non-finite
 from the attention's output on), so it says nothing past the first crossing (a fix that
 moves a second bug is hidden behind the first), and its growth across a module is a
@@ -79,17 +79,27 @@ it. What (a) cannot see: an error made between modules, in the fix's own code (a
 summed outside any module: no module is charged, and the record says so in a note), and
 one that builds up over many modules each within its rounding (the same).
 
-**Cost.** A module's twin reruns everything inside it, so the profile costs the forward
-times the depth of the module tree, twice (cell and yardstick), plus the float64 run; a
-training cell's, its backward too. What is not the measurement is kept out of it: a
-``forward``'s source line is read once per function, the yardstick's module leaves the
-float64 run's dispatch mode (``StaysFloat64``, a Python call per op) where float64's own
-call of it cast nothing narrower (its code on the same shapes then casts nothing either;
-where it did, it runs under a mode of its own), and the modules a training cell calls are
-found by one forward of its fix, not a whole step. Each leaves every figure as it was
-(the series of the 12-layer toy, forward and backward, float16 and bfloat16, equal to the
-last bit). ``python benchmarks/bench_divergence.py --cost`` prints what a failing cell
-costs with its profile against without (``nox -s bench``).
+**A module on its own code.** A module that calls others is measured on its own code:
+inside its twins, the modules it calls replay float64's outputs
+(:mod:`harness.measure.judge.divergence_replay`), and it is judged where its own code
+leaves float64 the most, at what it returns or at what it passes a module it calls. So the
+cancelling norm of the toy reads 4.4e4 and its block and the model about 1 (measured
+whole, they read non-finite after it), and an attention whose logits overflow in its own
+``forward`` is named while its output projection, fed float64's input, reads 1. Backward
+measures a module with everything inside it.
+
+**Cost.** With the modules inside replayed, each twin computes every op once, so the
+profile costs the forward three more times (float64 with its hooks, the cell's twin, the
+yardstick's) plus its bookkeeping per module; a training cell's, its backward too. What
+is not the measurement is kept out of it: a ``forward``'s source line is read once per
+function; the yardstick's twin runs under a ``StaysFloat64`` of its own only inside the
+modules whose own code cast narrower in float64's run (a Python dispatch mode costs each
+op); the modules a cell calls are found by running its fix only up to its first call of
+the prepared model itself (where that is what it calls); the run's dispatch modes are
+stood aside without torch's ``_disable_current_modes``; the yardstick rounds a value with
+one pass over it where all is finite; and the garbage collector leaves the objects made
+before the profile alone while it runs. ``python benchmarks/bench_divergence.py --cost``
+prints what a failing cell costs with its profile against without (``nox -s bench``).
 """
 
 from __future__ import annotations
@@ -873,7 +883,9 @@ class Measuring:
     ) -> tuple[tuple[float, float, float], tuple[torch.dtype, ...]]:
         """The error, rounding and ratio where the module's twins leave float64 the most:
         at what it returns, or at what it passed a module it called (:mod:`.divergence_replay`);
-        and the dtypes of what the cell's twin returned."""
+        not measurable (NaN) where a module it called returned what the cell's dtype cannot
+        hold (the overflow is that module's); and the dtypes of what the cell's twin
+        returned."""
         args, kwargs = entry.inputs
         mine, mine_passed = self.twins.cell_output(path, args, kwargs, calls)
         fed = mine_passed.fed()
@@ -886,6 +898,8 @@ class Measuring:
         figures = [point_figures(*point, floor) for point in points if point[2]]
         if len(figures) > 1 and any(math.isnan(f[0]) for f in figures[1:]):
             raise NotReplayed("a module was passed other tensors than float64 passed it")
+        if any(beyond_range(call.output, self.twins.dtype) for call in calls):
+            return (math.nan, math.nan, math.nan), floating_dtypes(mine)  # as for its inputs
         return worst_of(figures), floating_dtypes(mine)
 
 
