@@ -135,7 +135,7 @@ def variant_stats(case_frame: pd.DataFrame, by: list[str]) -> list[dict[str, Any
         stats["noisy"] = any(flags[0][i] for i in members)
         stats["launch_bound"] = any(flags[1][i] for i in members)
         for (column, _), values in zip(NUMBERS, numbers, strict=True):
-            present = [values[i] for i in members if values[i] is not None]
+            present: list[float] = [v for i in members if (v := values[i]) is not None]
             median = statistics.median(present) if present else math.nan
             low, high = (min(present), max(present)) if present else (math.nan, math.nan)
             stats |= {f"{column} median": median, f"{column} min": low, f"{column} max": high}

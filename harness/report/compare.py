@@ -47,6 +47,7 @@ from pathlib import Path
 
 from harness.report.aggregate import Run
 from harness.results import storage
+from harness.results.rank_test import mann_whitney_p
 from harness.results.speed import ALPHA, MIN_CELLS_FOR_FACTOR, MIN_RATIO, NOISE_FENCE
 from harness.results.summary import format_rows
 from harness.schema.axes import Cell
@@ -235,12 +236,11 @@ def time_ratio(base: CellRecord, head: CellRecord) -> float | None:
 
 def mann_whitney(base: CellRecord, head: CellRecord, factor: float) -> float:
     """The two-sided Mann-Whitney U test's p-value of BASE's samples against HEAD's
-    divided by the machine factor."""
-    from scipy.stats import mannwhitneyu  # a second or so to import: only for a large change
-
+    divided by the machine factor (scipy's, computed without it:
+    :mod:`harness.results.rank_test`)."""
     assert base.perf is not None and head.perf is not None
     scaled = [sample / factor for sample in head.perf.time_samples]
-    return float(mannwhitneyu(base.perf.time_samples, scaled, alternative="two-sided").pvalue)
+    return mann_whitney_p(base.perf.time_samples, scaled)
 
 
 def speed_noise(
