@@ -181,3 +181,22 @@ def test_calls_beyond_the_limit_are_not_kept(monkeypatch: pytest.MonkeyPatch) ->
 
 def clone(value: Any) -> Any:
     return divergence.cloned(value)
+
+
+def test_an_output_changed_in_place_after_it_returned_is_not_replayed() -> None:
+    """float64's output is kept as a view: a ``ReLU(inplace=True)`` after the linear, or the
+    container's own ``add_``, changes it, and the container is measured whole."""
+    calls = call_log()
+    assert calls.replayed()
+    torch.relu_(calls.kept[0].output)  # what a ReLU(inplace=True) does to the linear's
+    assert calls.replayed() == () and not calls.replayable
+
+
+def test_a_module_with_an_in_place_relu_is_profiled_whole_and_right() -> None:
+    def factory() -> tuple[nn.Module, dict[str, torch.Tensor]]:
+        mlp = nn.Sequential(nn.Linear(16, 64), nn.ReLU(inplace=True), nn.Linear(64, 16))
+        return mlp, {"input": torch.randn(2, 8, 16)}
+
+    found = ratios(toy_cell("replay-inplace", factory))
+    assert set(found) == {"0", "1", "2", ""}
+    assert max(found.values()) < 2

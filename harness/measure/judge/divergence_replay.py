@@ -52,14 +52,20 @@ PLAIN = (type(None), bool, int, float, str, torch.dtype, torch.device)
 
 @dataclass(frozen=True)
 class ChildCall:
-    """One call a container made in the float64 run: the module's path, its inputs and what
-    it returned (float64's, detached copies), and the dtypes of the floating tensors the
+    """One call a container made in the float64 run: the module's path, its inputs (detached
+    copies) and what it returned (float64's, detached), and the dtypes of the floating tensors the
     cell's module returned on those inputs, in pytree order."""
 
     path: str
     inputs: Any
     output: Any
     dtypes: tuple[torch.dtype, ...]
+    #: The version of each tensor of ``output`` as it returned (a later change in place,
+    #: by the container or a module after it, moves it: the call is then not replayed).
+    versions: tuple[int, ...] = ()
+
+    def unchanged(self) -> bool:
+        return versions_of(self.output) == self.versions
 
 
 class NotReplayed(ValueError):
@@ -84,22 +90,27 @@ class Calls:
             self.drop()
             return
         with out_of_modes():
-            kept = pytree.tree_map_only(torch.Tensor, detached, output)
+            kept = pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, output)
         self.nbytes += nbytes_of(inputs) + nbytes_of(output)
         if self.nbytes > LIMIT_MIB * 2**20:
             self.drop()
             return
-        self.kept.append(ChildCall(path, inputs, kept, dtypes))
+        self.kept.append(ChildCall(path, inputs, kept, dtypes, versions_of(kept)))
 
     def drop(self) -> None:
         self.kept, self.replayable = [], False
 
     def replayed(self) -> Sequence[ChildCall]:
+        """The calls to replay: none where one could not be kept, or where what one
+        returned was changed in place after (float64's output is kept as a view, not a
+        copy: a ``ReLU(inplace=True)`` after a linear changes the linear's)."""
+        if self.replayable and not all(call.unchanged() for call in self.kept):
+            self.drop()
         return self.kept if self.replayable else ()
 
 
-def detached(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.detach().clone()
+def versions_of(value: Any) -> tuple[int, ...]:
+    return tuple(t._version for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor))
 
 
 def nbytes_of(value: Any) -> int:
