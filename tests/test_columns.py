@@ -211,6 +211,7 @@ def test_a_verdict_record_that_cannot_be_read_sends_the_run_record_by_record(
         raise MalformedRecord("no")
 
     monkeypatch.setattr("harness.report.rows._VERDICTS", {})
+    monkeypatch.setattr("harness.report.runs.TEMPLATES", {})
     monkeypatch.setattr(CellRecord, "from_dict", refuse)
     loaded = runs.load_rows(run_dir)
     assert loaded.problems and all(":" in p for p in loaded.problems)

@@ -69,14 +69,7 @@ def fill(compare: argparse.ArgumentParser) -> None:
 
 
 def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from harness.report.aggregate import load_run
-    from harness.report.compare import (
-        Missing,
-        compare_runs,
-        compared_with_nothing,
-        pair_runs,
-        render_comparison,
-    )
+    from harness.report.compare import Missing, compared_pairs, pair_runs, render_comparison
 
     pairing = pair_runs(existing_run_dir(args.base), existing_run_dir(args.head))
     for line in pairing.left_out:
@@ -84,15 +77,14 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     missing = [unpaired_cells(base_dir, args.head) for base_dir in pairing.unpaired_bases]
     missing += [unpaired_cells(head_dir, args.base) for head_dir in pairing.unpaired_heads]
     regressions = compared = 0
-    for base_dir, head_dir in pairing.pairs:
-        base, head = load_run(base_dir), load_run(head_dir)
-        warn(base.problems + head.problems)
-        comparison = compare_runs(base, head, args.min_ratio, args.alpha)
+    for pair in compared_pairs(pairing.pairs, args.min_ratio, args.alpha):
+        warn(pair.problems)
+        comparison = pair.comparison
         print(render_comparison(comparison))
         regressions += len(comparison.regressions)
         compared += comparison.compared
-        missing.append(Missing(base_dir, head_dir, comparison.only_in_base))
-        missing.append(compared_with_nothing(base, head, comparison))
+        missing.append(Missing(pair.base, pair.head, comparison.only_in_base))
+        missing.append(pair.with_nothing)
     missing = [m for m in missing if m.cells]
     if not compared and not missing:
         raise storage.ResultsError(

@@ -40,12 +40,18 @@ spread it used per device, so a factor far from 1 on a quiet machine is there to
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+import multiprocessing
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
+from functools import partial
+from operator import attrgetter
 from pathlib import Path
 
 from harness.report.aggregate import Run
+from harness.report.runs import PARALLEL_BYTES, load_run, results_bytes
 from harness.results import storage
 from harness.results.rank_test import mann_whitney_p
 from harness.results.speed import ALPHA, MIN_CELLS_FOR_FACTOR, MIN_RATIO, NOISE_FENCE
@@ -280,12 +286,17 @@ def is_time(seconds: float) -> bool:
     return 0 < seconds < math.inf
 
 
+#: A cell's place in a comparison: its fields in order, as ``Cell``'s own ordering
+#: compares them (a tuple compared in C, where ``Cell.__lt__`` is a Python call).
+cell_order = attrgetter(*(f.name for f in fields(Cell)))
+
+
 def compare_runs(
     base: Run, head: Run, min_ratio: float = MIN_RATIO, alpha: float = ALPHA
 ) -> Comparison:
     base_cells = {r.cell: r for r in base.records}
     head_cells = {r.cell: r for r in head.records}
-    both = sorted(base_cells.keys() & head_cells.keys())
+    both = sorted(base_cells.keys() & head_cells.keys(), key=cell_order)
     noise = speed_noise([(base_cells[cell], head_cells[cell]) for cell in both], min_ratio)
     changes = []
     for cell in both:
@@ -320,6 +331,56 @@ def compared_with_nothing(base: Run, head: Run, comparison: Comparison) -> Missi
     not lost). A gate that passed them would pass on nothing."""
     cells = [] if base.records else comparison.only_in_head
     return Missing(head.run_dir, base.run_dir, cells)
+
+
+@dataclass(frozen=True)
+class PairCompared:
+    """One pair of runs compared: what ``compare`` prints and gates on, without the runs'
+    records (what a process comparing pairs sends back)."""
+
+    base: Path
+    head: Path
+    comparison: Comparison
+    #: What reading either run found wrong.
+    problems: list[str]
+    #: HEAD's cells that a BASE without a record leaves unjudged.
+    with_nothing: Missing
+
+
+def compare_pair(pair: tuple[Path, Path], min_ratio: float, alpha: float) -> PairCompared:
+    """Read a pair of runs and compare them."""
+    base, head = load_run(pair[0]), load_run(pair[1])
+    comparison = compare_runs(base, head, min_ratio, alpha)
+    return PairCompared(
+        pair[0],
+        pair[1],
+        comparison,
+        base.problems + head.problems,
+        compared_with_nothing(base, head, comparison),
+    )
+
+
+def compared_pairs(
+    pairs: Sequence[tuple[Path, Path]],
+    min_ratio: float = MIN_RATIO,
+    alpha: float = ALPHA,
+    processes: int | None = None,
+) -> Iterator[PairCompared]:
+    """Each pair compared, in order. Many pairs (two folders of a nightly's runs) are read
+    and compared by one process per core, as the report reads many runs: reading the
+    records is most of comparing them."""
+    work = partial(compare_pair, min_ratio=min_ratio, alpha=alpha)
+    dirs = [d for pair in pairs for d in pair]
+    processes = min(processes or os.cpu_count() or 1, len(pairs))
+    if processes < 2 or results_bytes(dirs) < PARALLEL_BYTES:
+        for pair in pairs:
+            with storage.paused_gc():  # reading and comparing make no cycles
+                compared = work(pair)
+            yield compared
+        return
+    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+    with context.Pool(processes) as pool:  # small chunks: no process left alone at the end
+        yield from pool.imap(work, pairs, chunksize=max(1, len(pairs) // (processes * 16)))
 
 
 def device_pair(base: Environment, head: Environment, device: str) -> str:
