@@ -173,11 +173,18 @@ def cell_rows(columns: dict[str, list[Any]]) -> tuple[list[str], list[str]]:
     """Each cell's row label with and without its backend (``Cell.row``), once per
     distinct value of the fields it reads."""
     places = list(zip(*(columns[name] for name in ROW_FIELDS), strict=True))
-    labels = {}
-    for place in set(places):
+    if len(_ROW_LABELS) > MAX_VERDICTS:
+        _ROW_LABELS.clear()
+    for place in set(places).difference(_ROW_LABELS):
         cell = Cell("", device="", **dict(zip(ROW_FIELDS, place, strict=True)))
-        labels[place] = (cell.row(show_backend=True), cell.row(False))
-    return [labels[p][0] for p in places], [labels[p][1] for p in places]
+        _ROW_LABELS[place] = (cell.row(show_backend=True), cell.row(False))
+    labels = list(map(_ROW_LABELS.__getitem__, places))
+    return [label[0] for label in labels], [label[1] for label in labels]
+
+
+#: Each place's row labels seen by this process (kept across the runs of a report, as
+#: ``_VERDICTS``: a nightly's runs repeat their cells).
+_ROW_LABELS: dict[tuple[Any, ...], tuple[str, str]] = {}
 
 
 def parsed_rows(parsed: ParsedRun, run: tuple[str, str]) -> dict[str, list[Any]]:
