@@ -424,6 +424,25 @@ def test_a_report_over_ten_thousand_cells_stays_readable_in_chromium(tmp_path: P
     assert "torch 2.1.2\u20132.14.1 · cpu · gpu-host-0" in dom  # releases named as a range
 
 
+def test_the_benchs_default_run_has_the_default_matrix_shape(tmp_path: Path) -> None:
+    """``bench_report``'s default run (what its 2 s target is measured on): every case of
+    its shape with a plot, its CUDA cells skipped, the CPU's that ran timed but raises and
+    trained controls, every line a record."""
+    bench = bench_report()
+    written = bench.default_run(tmp_path / "run")
+    lines = storage.read_record_lines(tmp_path / "run")
+    records = storage.read_records(tmp_path / "run")
+    expected = sum(3 * len(bench.DEFAULT_COLUMNS) * f * b * s for f, b, s in bench.DEFAULT_CASES)
+    assert written == len(lines) and len(records) == expected
+    assert len({r.cell.case for r in records}) == len(bench.DEFAULT_CASES)
+    assert all(r.outcome.value == "skipped" for r in records if r.cell.device == "cuda")
+    ran = [r for r in records if r.cell.device == "cpu" and r.outcome.value != "raises"]
+    trained_controls = [r for r in ran if r.cell.mode == "fp32" and r.cell.stage != "forward"]
+    assert sum(r.perf is not None for r in ran) == len(ran) - len(trained_controls)
+    html = render_report(aggregate.load_runs_for_report([tmp_path / "run"]))
+    assert html.count(PLOT) == len(bench.DEFAULT_CASES)
+
+
 def test_a_flagged_cell_is_shown_flagged_and_never_recommended(tmp_path: Path) -> None:
     run = tmp_path / "flagged"
     shutil.copytree(NEW, run)
