@@ -115,14 +115,17 @@ class Rotary(nn.Module):
 
     positions: torch.Tensor
 
-    def __init__(self, half_positions: bool = False) -> None:
+    def __init__(
+        self, half_positions: bool = False, tokens: int = TOKENS, head_dim: int = HEAD_DIM
+    ) -> None:
         super().__init__()
-        positions = torch.arange(FIRST_POSITION, FIRST_POSITION + TOKENS)
+        positions = torch.arange(FIRST_POSITION, FIRST_POSITION + tokens)
         self.register_buffer("positions", positions.float() if half_positions else positions)
+        self.head_dim = head_dim
 
     def angles(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        steps = torch.arange(0, HEAD_DIM, 2, device=like.device, dtype=torch.int64)
-        inv_freq = 1.0 / (10000 ** (steps.float() / HEAD_DIM))
+        steps = torch.arange(0, self.head_dim, 2, device=like.device, dtype=torch.int64)
+        inv_freq = 1.0 / (10000 ** (steps.float() / self.head_dim))
         with torch.autocast(like.device.type, enabled=False):
             angles = self.positions.float()[:, None] * inv_freq[None, :]
             return angles.cos().to(like.dtype), angles.sin().to(like.dtype)
@@ -141,14 +144,20 @@ class Attention(nn.Module):
     ``scaled_after``: the logits scaled after ``q @ k^T`` (else the queries before it)."""
 
     def __init__(
-        self, hot: bool = False, scaled_after: bool = False, half_positions: bool = False
+        self,
+        hot: bool = False,
+        scaled_after: bool = False,
+        half_positions: bool = False,
+        width: int = WIDTH,
+        tokens: int = TOKENS,
     ) -> None:
         super().__init__()
-        self.q = nn.Linear(WIDTH, WIDTH)
-        self.k = nn.Linear(WIDTH, WIDTH)
-        self.v = nn.Linear(WIDTH, WIDTH)
-        self.out = nn.Linear(WIDTH, WIDTH)
-        self.rope = Rotary(half_positions)
+        self.q = nn.Linear(width, width)
+        self.k = nn.Linear(width, width)
+        self.v = nn.Linear(width, width)
+        self.out = nn.Linear(width, width)
+        self.head_dim = width // HEADS
+        self.rope = Rotary(half_positions, tokens, self.head_dim)
         self.scaled_after = scaled_after
         if hot:
             with torch.no_grad():
@@ -157,27 +166,27 @@ class Attention(nn.Module):
 
     def heads(self, x: torch.Tensor) -> torch.Tensor:
         b, n, _ = x.shape
-        return x.view(b, n, HEADS, HEAD_DIM).transpose(1, 2)
+        return x.view(b, n, HEADS, self.head_dim).transpose(1, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k = self.rope(self.heads(self.q(x)), self.heads(self.k(x)))
         v = self.heads(self.v(x))
-        scale = HEAD_DIM**-0.5
+        scale = self.head_dim**-0.5
         if self.scaled_after:
             logits = (q @ k.transpose(-1, -2)) * scale
         else:
             logits = (q * scale) @ k.transpose(-1, -2)
         mixed = logits.softmax(-1) @ v
         b, _, n, _ = mixed.shape
-        return self.out(mixed.transpose(1, 2).reshape(b, n, WIDTH))
+        return self.out(mixed.transpose(1, 2).reshape(b, n, HEADS * self.head_dim))
 
 
 class Mlp(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, width: int = WIDTH) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(WIDTH, 4 * WIDTH)
+        self.fc1 = nn.Linear(width, 4 * width)
         self.act = nn.GELU()
-        self.fc2 = nn.Linear(4 * WIDTH, WIDTH)
+        self.fc2 = nn.Linear(4 * width, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x)))
@@ -186,12 +195,12 @@ class Mlp(nn.Module):
 class Block(nn.Module):
     """A pre-LayerNorm transformer block."""
 
-    def __init__(self, norm1: LayerNorm, attn: Attention) -> None:
+    def __init__(self, norm1: LayerNorm, attn: Attention, width: int = WIDTH) -> None:
         super().__init__()
         self.norm1 = norm1
         self.attn = attn
-        self.norm2 = LayerNorm()
-        self.mlp = Mlp()
+        self.norm2 = LayerNorm(width)
+        self.mlp = Mlp(width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))
@@ -199,10 +208,10 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, blocks: list[Block]) -> None:
+    def __init__(self, blocks: list[Block], width: int = WIDTH) -> None:
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
-        self.norm = LayerNorm()
+        self.norm = LayerNorm(width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for block in self.blocks:
@@ -210,31 +219,44 @@ class Transformer(nn.Module):
         return self.norm(x)
 
 
-def block(bug: str | None, hot: bool) -> Block:
+def block(bug: str | None, hot: bool, width: int = WIDTH, tokens: int = TOKENS) -> Block:
     """One block, with ``bug`` in it (None: healthy), ``hot`` or not."""
     return Block(
-        LayerNorm(cancelling=bug == "cancelling-variance"),
+        LayerNorm(width, cancelling=bug == "cancelling-variance"),
         Attention(
             hot=hot,
             scaled_after=bug == "logits-scaled-after",
             half_positions=bug == "half-positions",
+            width=width,
+            tokens=tokens,
         ),
+        width,
     )
 
 
-def transformer(layers: int, bug: str, depth: int, healthy: bool = False) -> Factory:
+def transformer(
+    layers: int,
+    bug: str,
+    depth: int,
+    healthy: bool = False,
+    width: int = WIDTH,
+    tokens: int = TOKENS,
+) -> Factory:
     """A factory of the ``layers``-deep model with ``bug`` in the block at ``depth``, or,
-    ``healthy``, its twin: what makes it a bug (:class:`Bug`) without the bug's code."""
+    ``healthy``, its twin: what makes it a bug (:class:`Bug`) without the bug's code;
+    ``width`` and ``tokens`` its residual stream's (the bugs are calibrated at the
+    defaults: a wider model's numbers are its own)."""
     if bug not in BUGS:
         raise ValueError(f"unknown bug {bug!r} (known: {', '.join(BUGS)})")
     spec = BUGS[bug]
 
     def factory() -> tuple[Any, ...]:
         blocks = [
-            block(None if healthy or i != depth else bug, hot=spec.hot and i == depth)
+            block(None if healthy or i != depth else bug, spec.hot and i == depth, width, tokens)
             for i in range(layers)
         ]
-        return Transformer(blocks), {"x": torch.randn(BATCH, TOKENS, WIDTH) + spec.offset}
+        inputs = {"x": torch.randn(BATCH, tokens, width) + spec.offset}
+        return Transformer(blocks, width), inputs
 
     return factory
 
