@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, compress
 
 import pandas as pd
 
@@ -258,14 +258,15 @@ PLACE_COLUMNS = ["env", "device", "size", "stage", "dtype", "mode", "backend", "
 
 def places_by_fix(case_frame: pd.DataFrame) -> dict[str, frozenset[tuple[str, ...]]]:
     """Where each fix (``none`` too) ran: skipped cells aside, and the float32 control,
-    which only the upstream path ran before every fix did. Read off the columns as lists
-    (a frame per fix cost more than the rest of a case's recommendation)."""
+    which only the upstream path ran before every fix did. Read off the columns as lists,
+    each distinct (fix, place) once (a frame per fix cost more than the rest of a case's
+    recommendation; a nightly repeats each place in every environment)."""
     ran = (case_frame["outcome"] != Outcome.SKIPPED.value) & (case_frame["mode"] != CONTROL_MODE)
     columns = [case_frame[c].tolist() for c in ("fix", *PLACE_COLUMNS)]
+    distinct = set(compress(zip(*columns, strict=True), ran.tolist()))
     found: dict[str, set[tuple[str, ...]]] = {}
-    for kept, fix, *place in zip(ran.tolist(), *columns, strict=True):
-        if kept:
-            found.setdefault(str(fix), set()).add(tuple(map(str, place)))
+    for fix, *place in distinct:
+        found.setdefault(str(fix), set()).add(tuple(map(str, place)))
     return {fix: frozenset(places) for fix, places in sorted(found.items())}
 
 
@@ -373,8 +374,9 @@ def recommend(frame: pd.DataFrame, case: str) -> Recommendation:
     ran = stages.stages_ran(mine)
     staged = len(ran) > 1
     failures = stages.stage_failures(mine)
-    narrower = narrower_fixes(mine, fixes_passing_where_they_ran(mine))
-    candidates = fixes_passing_everywhere(mine)
+    passing = fixes_passing_where_they_ran(mine)
+    narrower = narrower_fixes(mine, passing)
+    candidates = [fix for fix in passing if fix not in narrower]  # fixes_passing_everywhere
     if not candidates:
         where = "at every stage and " if staged else ""
         reason = f"no fix passes {where}in every environment measured"
