@@ -133,6 +133,7 @@ from harness.measure.judge.divergence_replay import (
     as_held,
     as_is,
     floating_dtypes,
+    forwards_replaced,
     replaying,
 )
 from harness.measure.judge.numerics import DTYPE_FLOOR, ROUNDING_FACTOR, as_float64_cpu
@@ -935,18 +936,8 @@ def each_under(
 ) -> Iterator[None]:
     """While it lasts, each of ``modules`` runs its ``forward`` under a fresh ``mode()``
     (its hooks outside it)."""
-    patched: list[tuple[nn.Module, Any]] = []
-    try:
-        for module in modules:
-            patched.append((module, module.__dict__.get("forward")))
-            module.forward = under(mode, module.forward)
+    with forwards_replaced((m, under(mode, m.forward)) for m in modules):
         yield
-    finally:
-        for module, own in reversed(patched):
-            if own is None:
-                del module.forward
-            else:
-                module.forward = own
 
 
 def under(

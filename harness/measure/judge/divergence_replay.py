@@ -33,7 +33,7 @@ error then holds theirs, as measured along its whole inside).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -215,22 +215,15 @@ def replaying(
     for index, call in enumerate(calls):
         queues.setdefault(call.path, deque()).append((index, call))
     passed: dict[int, Any] = {}
-    patched: list[tuple[nn.Module, Any]] = []
-    try:
-        for path, queue in queues.items():
-            try:
-                module = module_at(path)
-            except (KeyError, AttributeError) as error:
-                raise NotReplayed(f"no module {path!r} in the twin") from error
-            patched.append((module, module.__dict__.get("forward")))
-            module.forward = replayed(queue, value, kept, passed, replay)
+    forwards = []
+    for path, queue in queues.items():
+        try:
+            module = module_at(path)
+        except (KeyError, AttributeError) as error:
+            raise NotReplayed(f"no module {path!r} in the twin") from error
+        forwards.append((module, replayed(queue, value, kept, passed, replay)))
+    with forwards_replaced(forwards):
         yield replay
-    finally:
-        for module, own in reversed(patched):
-            if own is None:
-                del module.forward
-            else:
-                module.forward = own
     if len(passed) != len(calls):
         raise NotReplayed(f"called {len(passed)} of the {len(calls)} modules float64 called")
     replay.passed.extend(passed[index] for index in range(len(calls)))
@@ -252,3 +245,23 @@ def replayed(
         return replay.give(value(call))
 
     return forward
+
+
+@contextmanager
+def forwards_replaced(
+    forwards: Iterable[tuple[nn.Module, Callable[..., Any]]],
+) -> Iterator[None]:
+    """While it lasts, each module's ``forward`` is the function paired with it (its
+    ``__call__``, and so its hooks, as they are); its own given back after."""
+    patched: list[tuple[nn.Module, Any]] = []
+    try:
+        for module, forward in forwards:
+            patched.append((module, module.__dict__.get("forward")))
+            module.forward = forward
+        yield
+    finally:
+        for module, own in reversed(patched):
+            if own is None:
+                del module.forward
+            else:
+                module.forward = own
