@@ -50,8 +50,8 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     import harness.report.aggregate  # noqa: F401  # pandas, before the drawing process forks
     from harness.report.drawing import Drawing
 
-    # forked with pandas imported (the figures' points are frames): it imports matplotlib
-    # while the runs are read and the tables built
+    # forked with pandas imported (the figures' points are frames): it draws the figures
+    # while the tables are built
     with Drawing() as drawing:
         return report_command(args, drawing)
 
