@@ -19,6 +19,7 @@ from harness.schema.records import outcome_label
 from tests.conftest import ROOT, harness, only_run_dir
 
 GUIDE = ROOT / "docs" / "writing-a-case.md"
+TRAINING_GUIDE = ROOT / "docs" / "case-training.md"
 EXAMPLE = ROOT / "docs" / "examples" / "fp16_small_gradients.py"
 
 
@@ -33,7 +34,7 @@ def shown_after(command: str, text: str) -> list[str]:
 def test_the_training_example_is_shown_as_it_is_and_prints_what_the_guide_shows(
     tmp_path: Path,
 ) -> None:
-    guide = GUIDE.read_text()
+    guide = TRAINING_GUIDE.read_text()
     assert f"```python\n{EXAMPLE.read_text()}```" in guide
     command = next(line for line in guide.splitlines() if "guide-fp16-small-gradients" in line
                    and line.startswith("python -m harness run"))  # fmt: skip
