@@ -32,14 +32,11 @@ from harness.report.compare import Comparison
 from harness.report.drawing import Drawing
 from harness.report.grouping import Environments
 from harness.report.profiles import profile_views
+from harness.report.summary import SummaryView, summary_view
 from harness.report.views import (
     LEGEND,
-    MISSING,
     CaseView,
     EnvironmentsView,
-    MatrixRow,
-    MatrixView,
-    OutcomeCell,
     ReportView,
     RunView,
     StageCell,
@@ -58,45 +55,6 @@ from harness.schema.run_files import CaseInfo
 ISSUE_REF = re.compile(r"^(?P<repo>[\w.-]+/[\w.-]+)#(?P<number>\d+)$")
 
 T = TypeVar("T")
-
-
-def matrix_view(frame: pd.DataFrame, envs: Environments, styles: Styles) -> MatrixView:
-    """The summary matrix with environments whose every outcome is the same merged into one
-    column group (a nightly's releases that behave alike), so it stays as wide as what
-    differs."""
-    table = aggregate.summary_matrix(frame)
-    if table.empty:
-        return MatrixView([], [], [])
-    groups = alike_environments(table)
-    columns = [c for labels in groups for c in table.columns if c[0] == labels[0]]
-    universe = frame["env"].unique()
-    spans = [
-        (envs.describe(labels, universe), sum(c[0] == labels[0] for c in columns))
-        for labels in groups
-    ]
-    rows = []
-    for (case, row), values in table[columns].iterrows():
-        cells = [
-            OutcomeCell(v, styles[v].css) if isinstance(v, str) else OutcomeCell("-", MISSING.css)
-            for v in values
-        ]
-        rows.append(MatrixRow(case, row, cells))
-    return MatrixView(spans, [tuple(c) for c in columns], rows)
-
-
-def alike_environments(table: pd.DataFrame) -> list[list[str]]:
-    """The summary matrix's environments, grouped where their columns (dtype/mode) and every
-    outcome in them are the same; in the matrix's order of first appearance."""
-    values = table.fillna("-").to_numpy()
-    columns = list(table.columns)
-    positions: dict[str, list[int]] = {}
-    for i, column in enumerate(columns):
-        positions.setdefault(column[0], []).append(i)
-    groups: dict[tuple[Any, ...], list[str]] = {}
-    for env, where in positions.items():
-        shape = tuple(columns[i][1:] for i in where)
-        groups.setdefault((shape, *values[:, where].ravel()), []).append(env)
-    return list(groups.values())
 
 
 def upstream_links(meta: CaseInfo | None) -> list[tuple[str, str]]:
@@ -327,6 +285,8 @@ def tables(
     """What the report shows but its plots and comparison."""
     envs = Environments(frame)
     styles = label_styles(frame)
+    views = [case_view(mine, case, metadata.get(case), envs, styles) for case, mine in cases]
+    recommended = {view.name: view.recommendation.fix for view in views}
     return ReportView(
         title="ampmatrix report",
         generated_at=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -336,7 +296,9 @@ def tables(
         noise=noise_of(frame),
         legend=LEGEND,
         modes=[(mode.name, mode.meaning) for mode in MODES.values()],
-        matrix=matrix_view(frame, envs, styles) if not frame.empty else MatrixView([], [], []),
+        summary=summary_view(frame, envs, styles, recommended)
+        if not frame.empty
+        else SummaryView(),
         versions=version_rows(frame) if not frame.empty else VersionsView(),
-        cases=[case_view(mine, case, metadata.get(case), envs, styles) for case, mine in cases],
+        cases=views,
     )

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from harness.report.compare import Comparison
     from harness.report.grouping import EnvironmentSet
     from harness.report.stages import Costed, FitView
+    from harness.report.summary import SummaryView
     from harness.schema.run_files import CaseInfo
 
 #: The legend: (label, CSS class, meaning) per outcome label, then the flag's.
@@ -55,31 +56,6 @@ class CellStyle:
 
 #: The style of a matrix cell that did not run.
 MISSING = CellStyle("missing")
-
-
-@dataclass(frozen=True)
-class OutcomeCell:
-    """A summary matrix cell: its outcome label and CSS classes."""
-
-    label: str
-    css: str
-
-
-@dataclass(frozen=True)
-class MatrixRow:
-    case: str
-    fix: str
-    cells: list[OutcomeCell]
-
-
-@dataclass(frozen=True)
-class MatrixView:
-    """The summary matrix: column groups of alike environments (each with its span), the
-    columns (environment, dtype, mode) and a row per case and fix."""
-
-    env_spans: list[tuple[EnvironmentSet, int]]
-    columns: list[tuple[str, str, str]]
-    rows: list[MatrixRow]
 
 
 @dataclass(frozen=True)
@@ -290,7 +266,7 @@ class ReportView:
     noise: str | None
     legend: tuple[tuple[str, str, str], ...]
     modes: list[tuple[str, str]]
-    matrix: MatrixView
+    summary: SummaryView
     versions: VersionsView
     cases: list[CaseView]
     comparison: Comparison | None = None
