@@ -118,12 +118,6 @@ class SummaryView:
     codes: list[tuple[str, str]] = field(default_factory=list)
 
     @property
-    def columns(self) -> list[tuple[str, bool]]:
-        """Each column's stage, and whether it starts a stage's group (a border before it)."""
-        starts = [i == 0 for g in self.groups for st in g.stages for i in range(st.span)]
-        return list(zip(self.column_stages, starts, strict=True))
-
-    @property
     def stages(self) -> list[str]:
         return list(dict.fromkeys(self.column_stages))
 
@@ -153,11 +147,12 @@ def summary_view(
     columns = [c for labels in groups for c in table.columns if c[0] == labels[0]]
     values = table[columns].to_numpy(dtype=object)
     differing = differing_cells(values, columns) if len(groups) > 1 else None
-    universe = frame["env"].unique()
-    cells = summary_cells(values, differing, styles)
+    headers = env_groups(groups, columns, envs, frame["env"].unique())
+    starts = [i == 0 for group in headers for stage in group.stages for i in range(stage.span)]
+    cells = summary_cells(values, differing, starts, styles)
     bases = {styles[str(label)].base for label in firsts["label"].unique()}
     return SummaryView(
-        groups=env_groups(groups, columns, envs, universe),
+        groups=headers,
         column_stages=[str(c[1]) for c in columns],
         cases=summary_cases(rows, cells, recommended),
         outcomes=[(label.text, label.css) for label in LABELS if label.text in bases],
@@ -208,49 +203,59 @@ def alike_environments(table: pd.DataFrame) -> list[list[str]]:
 
 
 def differing_cells(values: np.ndarray, columns: list[tuple[str, ...]]) -> np.ndarray:
-    """Which cells differ between the environment groups side by side: every group's cell
-    of a (stage, dtype, mode) in a row where not all of them read the same (a column a
-    group did not run counts as its own value)."""
-    shown = np.where(pd.isna(values), "-", values)
+    """Which cells differ between the environment groups side by side: each group's cell
+    of a (stage, dtype, mode) in a row where two groups that ran it read differently (a
+    group that did not run it differs from none: it has nothing to compare)."""
     differing = np.zeros(values.shape, dtype=bool)
     by_column: dict[tuple[str, ...], list[int]] = {}
     for i, column in enumerate(columns):
         by_column.setdefault(tuple(column[1:]), []).append(i)
-    groups = len({column[0] for column in columns})
     for where in by_column.values():
-        block = shown[:, where]
-        unequal = (block != block[:, :1]).any(axis=1) | (len(where) < groups)
-        differing[:, where] = unequal[:, None]
+        if len(where) < 2:
+            continue
+        block = pd.DataFrame(values[:, where])
+        ran = block.notna()
+        first = block.bfill(axis=1).iloc[:, 0]  # each row's first value that ran
+        unequal = (block.ne(first, axis=0) & ran).any(axis=1).to_numpy()
+        differing[:, where] = unequal[:, None] & ran.to_numpy()
     return differing
 
 
 def summary_cells(
-    values: np.ndarray, differing: np.ndarray | None, styles: Mapping[str, CellStyle]
+    values: np.ndarray,
+    differing: np.ndarray | None,
+    starts: list[bool],
+    styles: Mapping[str, CellStyle],
 ) -> list[list[SummaryCell]]:
-    """The table's cells, row by row; a cell of each distinct label (and difference) is
-    made once and shared."""
-    made: dict[tuple[str, bool], SummaryCell] = {}
+    """The table's cells, row by row; a cell of each distinct label (and difference, and
+    place at a stage group's start) is made once and shared."""
+    made: dict[tuple[str | None, bool, bool], SummaryCell] = {}
     rows = []
     for i, row in enumerate(values.tolist()):
         flags = differing[i].tolist() if differing is not None else [False] * len(row)
         cells = []
-        for value, differs in zip(row, flags, strict=True):
-            if not isinstance(value, str):
-                cells.append(NOT_RUN)
-                continue
-            key = (value, differs)
+        for value, differs, start in zip(row, flags, starts, strict=True):
+            label = value if isinstance(value, str) else None
+            key = (label, differs, start)
             if key not in made:
-                made[key] = summary_cell(value, styles[value], differs)
+                made[key] = summary_cell(label, styles, differs, start)
             cells.append(made[key])
         rows.append(cells)
     return rows
 
 
-def summary_cell(label: str, style: CellStyle, differs: bool) -> SummaryCell:
-    """A cell of ``label``: its code (``*`` after it where flags came with it), its style,
-    ``fail`` unless it is a plain pass, ``d`` where it differs between environments."""
+def summary_cell(
+    label: str | None, styles: Mapping[str, CellStyle], differs: bool, start: bool
+) -> SummaryCell:
+    """A cell of ``label`` (None: not run): its code (``*`` after it where flags came with
+    it), its style, ``fail`` unless it is a plain pass, ``d`` where it differs between
+    environments, ``s`` where it starts a stage's group (a border before it)."""
+    edge = " s" if start else ""
+    if label is None:
+        return SummaryCell(NOT_RUN.text, NOT_RUN.css + edge)
+    style = styles[label]
     code = CODES.get(style.base, style.base) + ("*" if style.flagged else "")
-    css = style.css + ("" if style.plain_pass else " fail") + (" d" if differs else "")
+    css = style.css + ("" if style.plain_pass else " fail") + (" d" if differs else "") + edge
     return SummaryCell(code, css, label if label != style.base else "")
 
 
