@@ -13,6 +13,7 @@ import pytest
 
 from harness.report import compare, runs
 from harness.results import storage
+from harness.results.columns import parsed_run
 from harness.schema.records import CellRecord
 
 DATA = Path(__file__).parent / "data" / "runs"
@@ -36,7 +37,7 @@ def as_json(records: list[CellRecord]) -> list[str]:
 def test_records_read_as_columns_are_those_read_line_by_line(tmp_path: Path) -> None:
     for source in sorted(DATA.iterdir()):
         run = current_copy(source, tmp_path / source.name)
-        assert runs.parsed_run(run) is not None  # read as columns, not by the fallback
+        assert parsed_run(run) is not None  # read as columns, not by the fallback
         fast = runs.read_records(run, [])
         assert fast and as_json(fast) == as_json(storage.read_records(run))
 

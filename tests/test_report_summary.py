@@ -176,7 +176,10 @@ def test_alike_environments_share_one_column_group(tmp_path: Path) -> None:
 def test_a_cell_one_environment_alone_ran_differs_from_none() -> None:
     """Per row, two groups' (forward, float16, half) columns: equal, different, run in
     one group alone, run in neither."""
-    columns = [("a", "forward", "float16", "half"), ("b", "forward", "float16", "half")]
+    columns: list[tuple[str, ...]] = [
+        ("a", "forward", "float16", "half"),
+        ("b", "forward", "float16", "half"),
+    ]
     values = np.array(
         [["passes", "passes"], ["passes", "inaccurate"], ["passes", np.nan], [np.nan, np.nan]],
         dtype=object,
