@@ -157,9 +157,16 @@ class TimingConfig:
         default=False,
         metadata=option(flag="--flush-l2", help="on CUDA, flush the L2 cache before each sample"),
     )
-    #: Stop early, as noisy, once the worst spread has not shrunk by a tenth for this many
-    #: rounds: on a loaded machine more samples do not settle it, they only spend the budget.
+    #: Leave a cell noisy once its median's 95% interval is no narrower than this many
+    #: rounds before: on a loaded machine more samples add no precision, they only spend
+    #: the budget (0: never on this ground).
     plateau_rounds: int = 20
+    #: A cell whose spread stays above ``iqr_threshold`` stops once its median's 95%
+    #: interval is within this share of it, and is left noisy once the budget cannot bring
+    #: it there (``harness.measure.figures.timing.StopRule``).
+    precision: float = 0.03
+    #: Wall time allowed for sampling one cell at the most, ``min_calls`` or not.
+    max_sampling_s: float = 10.0
 
 
 @dataclass(frozen=True)

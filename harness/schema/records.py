@@ -117,6 +117,9 @@ class NoteKind(str, Enum):
     #: Why a failing cell has no divergence profile (it could not be taken, or no module
     #: went beyond its rounding), in one line.
     DIVERGENCE = "divergence"
+    #: Why a timing is noisy: the spread its samples reached, how well they know their
+    #: median, and what ended the sampling (see ``harness.measure.figures.timing.Stop``).
+    NOISY = "noisy"
     #: The notes of a record of schema 3 or older, stored joined in one text: their kinds
     #: were not recorded (and a note's own text may hold ``"; "``, so they are not split).
     JOINED = "joined"

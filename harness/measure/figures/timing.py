@@ -269,8 +269,10 @@ class StopRule:
         drawn alike would have narrowed it by sqrt(n_then / n_now))."""
         rounds = self.config.plateau_rounds
         then = len(self.widths) - rounds  # the round compared with, counted from 1
-        return rounds > 0 and then >= self.config.min_samples and (
-            self.widths[-1] >= self.widths[then - 1]
+        return (
+            rounds > 0
+            and then >= self.config.min_samples
+            and self.widths[-1] >= self.widths[then - 1]
         )
 
     def final(self, samples: list[float]) -> Stop:
