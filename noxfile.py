@@ -499,6 +499,7 @@ def bench(session: nox.Session) -> None:
     install_with_torch(session, DEFAULT_TORCH, "-e", ".", *lightning_requirements(DEFAULT_TORCH))
     session.run("python", "benchmarks/bench_startup.py")
     session.run("python", "benchmarks/bench_harness.py", *session.posargs)
+    session.run("python", "benchmarks/bench_timing_noise.py")
     session.run("python", "benchmarks/bench_overhead.py")
     session.run("python", "benchmarks/bench_check.py")
     session.run("python", "benchmarks/bench_report.py")
