@@ -169,6 +169,25 @@ def test_a_block_sized_from_a_slow_first_call_grows_once_the_call_is_warm() -> N
     assert clock.calls == 1 + 7 * 10  # the one-call sample, then 7 blocks of 10
 
 
+def test_a_block_sized_from_a_quick_first_call_shrinks_on_a_busy_machine() -> None:
+    """The first call ran in a quiet moment (0.1 ms: blocks of 100 calls); the machine is
+    busy and calls take 1 ms, so a block would last 100 ms where 10 ms is its due: it
+    shrinks to 10 calls and the 100-call sample is warm-up. A block that lasts less than
+    twice its due keeps its size."""
+    clock = FakeClock(itertools.repeat(0.001))
+    config = TimingConfig(min_block_s=0.01, min_samples=7, min_calls=20)
+    watch = ClockStopwatch(clock, "fake")
+    (timing,) = measure_interleaved([clock.work], config, watch, clock, estimates=[0.0001])
+    assert timing.block == 10 and timing.count == 7
+    assert clock.calls == 100 + 7 * 10
+    steady = FakeClock(itertools.repeat(0.00015))  # blocks of 100 calls last 15 ms
+    steady_watch = ClockStopwatch(steady, "fake")
+    (timing,) = measure_interleaved(
+        [steady.work], config, steady_watch, steady, estimates=[0.0001]
+    )
+    assert timing.block == 100 and timing.count == 7 and steady.calls == 7 * 100
+
+
 def test_interleaving_goes_on_until_every_function_is_stable() -> None:
     clock = FakeClock(itertools.repeat(0.0))
     noisy = itertools.cycle([0.001, 0.002])

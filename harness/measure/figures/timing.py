@@ -297,16 +297,24 @@ def first_samples(
 ) -> tuple[list[int], list[list[float]]]:
     """Blocks sized from the caller's estimates, and one sample of each function. Where
     that sample shows the function quicker than its estimate allowed for (a first call
-    slowed by one-time work), its block grows to fit, and the sample, taken with the
-    smaller block, counts as warm-up."""
+    slowed by one-time work), its block grows to fit; where it shows the block lasting
+    over ``OVERSIZED`` times ``min_block_s`` (an estimate taken in a quiet moment of a busy
+    machine), it shrinks to fit, so every round does not cost as many times its due. Either
+    way the sample, taken with the other block, counts as warm-up."""
     blocks, samples = [], []
     for fn, estimate in zip(fns, estimates, strict=True):
         block = block_size(estimate, config)
         sample = watch.time_block(fn, block) / block
         better = block_size(sample, config)
-        blocks.append(max(block, better))
-        samples.append([sample] if better <= block else [])
+        fits = block >= better and block <= OVERSIZED * better
+        blocks.append(block if fits else better)
+        samples.append([sample] if fits else [])
     return blocks, samples
+
+
+#: A block sized from the caller's estimate is sized again where its first sample lasted
+#: more than this many times ``min_block_s``.
+OVERSIZED = 2
 
 
 def spread_of(samples: list[float]) -> float:
