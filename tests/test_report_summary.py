@@ -15,7 +15,8 @@ import pytest
 from harness.report import aggregate
 from harness.report.case_tables import label_styles
 from harness.report.grouping import Environments
-from harness.report.summary import SummaryView, differing_cells, summary_view
+from harness.report.summary import differing_cells, summary_view
+from harness.report.views import SummaryView
 from harness.report.writing import render_report
 from harness.results import storage
 from harness.schema.run_files import Environment

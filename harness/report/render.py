@@ -32,7 +32,7 @@ from harness.report.compare import Comparison
 from harness.report.drawing import Drawing
 from harness.report.grouping import Environments
 from harness.report.profiles import profile_views
-from harness.report.summary import SummaryView, summary_view
+from harness.report.summary import summary_view
 from harness.report.views import (
     LEGEND,
     CaseView,
@@ -43,6 +43,7 @@ from harness.report.views import (
     StageColumnRow,
     StageFixRow,
     StagesView,
+    SummaryView,
     VersionsView,
 )
 from harness.results import storage

@@ -14,7 +14,6 @@ views "only failures" and "only differences").
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -22,7 +21,16 @@ import pandas as pd
 
 from harness.report import aggregate
 from harness.report.grouping import Environments, EnvironmentSet
-from harness.report.views import MISSING, CellStyle
+from harness.report.views import (
+    NOT_RUN,
+    CellStyle,
+    EnvGroup,
+    StageHeader,
+    SummaryCase,
+    SummaryCell,
+    SummaryFix,
+    SummaryView,
+)
 from harness.schema.axes import CONTROL_FIX, DTYPES, MODE_NAMES, SIZES, STAGES, rank
 from harness.schema.records import LABELS, RAISES_OTHER, REPRODUCES, Outcome
 
@@ -43,88 +51,6 @@ CELL_KEYS = ["case", "base_row", "env", "stage", "dtype", "mode"]
 COLUMN_KEYS = ["env", "stage", "dtype", "mode"]
 #: What the summary reads of the frame.
 SUMMARY_COLUMNS = [*CELL_KEYS, "label", "fix", "size", "torch_version", "device"]
-
-
-@dataclass(frozen=True)
-class SummaryCell:
-    """A summary cell: its code, CSS classes (the outcome's style, ``fail`` where it is not
-    a plain pass, ``d`` where it differs between environments) and its full label where
-    the code does not say all of it."""
-
-    text: str
-    css: str
-    title: str = ""
-
-
-#: A cell of a column that did not run in this row.
-NOT_RUN = SummaryCell("-", MISSING.css)
-
-
-@dataclass(frozen=True)
-class SummaryFix:
-    """A fix's row of a case: its label (``fix``, ``fix [backend]``, ``fix @upstream``),
-    whether it is the upstream path or the case's recommended fix, and its cells."""
-
-    row: str
-    upstream: bool
-    recommended: bool
-    cells: list[SummaryCell]
-
-
-@dataclass(frozen=True)
-class SummaryCase:
-    name: str
-    recommended: str | None
-    fixes: list[SummaryFix]
-
-
-@dataclass(frozen=True)
-class StageHeader:
-    """A stage's column group in one environment group: its dtypes with the number of
-    modes each spans, and the modes in column order."""
-
-    stage: str
-    dtypes: list[tuple[str, int]]
-    modes: list[str]
-
-    @property
-    def span(self) -> int:
-        return len(self.modes)
-
-
-@dataclass(frozen=True)
-class EnvGroup:
-    """Environments whose every outcome is the same, one column group, from the table's
-    column ``first`` (counted from 0, after the fix's)."""
-
-    envs: EnvironmentSet
-    stages: list[StageHeader]
-    first: int
-
-    @property
-    def span(self) -> int:
-        return sum(stage.span for stage in self.stages)
-
-
-@dataclass(frozen=True)
-class SummaryView:
-    """The summary: its column groups, each column's stage (what the stage filter hides),
-    the cases, and the choices of the outcome filter as (label, CSS class)."""
-
-    groups: list[EnvGroup] = field(default_factory=list)
-    column_stages: list[str] = field(default_factory=list)
-    cases: list[SummaryCase] = field(default_factory=list)
-    outcomes: list[tuple[str, str]] = field(default_factory=list)
-    codes: list[tuple[str, str]] = field(default_factory=list)
-
-    @property
-    def stages(self) -> list[str]:
-        return list(dict.fromkeys(self.column_stages))
-
-    @property
-    def differs(self) -> bool:
-        """Whether environments are side by side, so some cells differ between them."""
-        return len(self.groups) > 1
 
 
 def summary_view(
