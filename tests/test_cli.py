@@ -123,7 +123,8 @@ def test_a_crashing_cell_costs_only_itself(tmp_path: Path) -> None:
     assert when_timed.perf is None and "died" in str(when_timed.timing_error)
     # its column was timed in a process of its own: the others are timed alone instead
     assert records["none"].perf is not None
-    assert [n.kind for n in records["none"].notes] == [NoteKind.TIMED_ALONE]
+    told = [n.kind for n in records["none"].notes if n.kind is not NoteKind.NOISY]
+    assert told == [NoteKind.TIMED_ALONE]  # whether its timing settled is the load's
 
 
 def test_seed_case_reproduces_through_the_cli(tmp_path: Path) -> None:

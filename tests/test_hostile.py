@@ -31,12 +31,16 @@ def notes_of(record: CellRecord, kind: NoteKind) -> str:
 
 
 def verdicts(records: list[CellRecord], case: str) -> dict[str, tuple[object, ...]]:
-    """What another case's fix must not change: its outcome, dtypes and figures."""
+    """What another case's fix must not change: its outcome, dtypes and figures (and its
+    notes, but for whether its timing settled: that is the machine's load, not the fix's)."""
     return {
-        r.cell.id: (r.outcome, r.reproduces, r.error_type, r.out_dtypes, r.numerics, r.notes)
+        r.cell.id: (
+            r.outcome, r.reproduces, r.error_type, r.out_dtypes, r.numerics,
+            tuple(n for n in r.notes if n.kind is not NoteKind.NOISY),
+        )
         for r in records
         if r.cell.case == case
-    }
+    }  # fmt: skip
 
 
 def run_toy(out: Path, cases: str, *extra: str) -> list[CellRecord]:
