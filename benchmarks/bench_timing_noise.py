@@ -38,6 +38,7 @@ sys.path[:0] = [str(ROOT)]
 
 from harness.measure.authoring import registry  # noqa: E402
 from harness.measure.figures import perf  # noqa: E402
+from harness.measure.figures.perf import fd_silenced  # noqa: E402
 from harness.results import storage  # noqa: E402
 from harness.runner.run import Recorded, time_cells  # noqa: E402
 from harness.schema.config import TimingConfig  # noqa: E402
@@ -80,15 +81,11 @@ def busy_core(busy: bool) -> Iterator[None]:
 def quiet_stdout() -> Iterator[None]:
     """The phase's progress lines, its forked children's too, go nowhere."""
     sys.stdout.flush()
-    saved = os.dup(1)
-    with open(os.devnull, "w") as devnull:
-        os.dup2(devnull.fileno(), 1)
     try:
-        yield
+        with fd_silenced(1):
+            yield
     finally:
         sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -50,16 +50,22 @@ def count_flops(fn: Callable[[], Any]) -> int | None:
     return int(counter.get_total_flops())
 
 
-@contextmanager
-def stderr_silenced() -> Iterator[None]:
+def stderr_silenced() -> AbstractContextManager[None]:
     """Some torch builds' profiler backend prints a line to fd 2 at every start and stop."""
-    saved = os.dup(2)
+    return fd_silenced(2)
+
+
+@contextmanager
+def fd_silenced(fd: int) -> Iterator[None]:
+    """While it lasts, what is written to file descriptor ``fd`` (by this process and the
+    children it forks) goes nowhere."""
+    saved = os.dup(fd)
     with open(os.devnull, "w") as devnull:
-        os.dup2(devnull.fileno(), 2)
+        os.dup2(devnull.fileno(), fd)
     try:
         yield
     finally:
-        os.dup2(saved, 2)
+        os.dup2(saved, fd)
         os.close(saved)
 
 
