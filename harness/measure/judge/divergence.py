@@ -808,7 +808,7 @@ class Measuring:
         if self.done:
             return
         with out_of_modes():
-            kept = map_tensors((args, kwargs), lambda t: t.detach().clone(), same_module)
+            kept = cloned((args, kwargs))
         self.entered_with.append(Entry(module, kept, casts_so_far()))
 
     def returned(self, path: str, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
@@ -980,7 +980,9 @@ def compared(outputs: Tensors, reference: Tensors, scale: float | None = None) -
                     f"returned shape {tuple(output.shape)}, float64 {tuple(expected.shape)}"
                 )
             if expected.numel():
-                worst = max(worst, largest_difference(in_float64(output), in_float64(expected)))
+                worst = max(
+                    worst, largest_difference(as_float64_cpu(output), as_float64_cpu(expected))
+                )
         scale = scale_of(reference) if scale is None else scale
     if not math.isfinite(worst):
         return math.inf
@@ -990,15 +992,9 @@ def compared(outputs: Tensors, reference: Tensors, scale: float | None = None) -
 def scale_of(reference: Tensors) -> float:
     """``max|reference|`` over the finite values of all the tensors."""
     with out_of_modes():
-        return max((largest_finite(in_float64(t)) for t in reference if t.numel()), default=0.0)
-
-
-def in_float64(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` in float64 on the CPU; a half one by way of float32 (exact, and torch's
-    CPU conversion from half to float64 takes several times longer)."""
-    if tensor.dtype in (torch.float16, torch.bfloat16):
-        tensor = tensor.detach().to(device="cpu", dtype=torch.float32)
-    return as_float64_cpu(tensor)
+        return max(
+            (largest_finite(as_float64_cpu(t)) for t in reference if t.numel()), default=0.0
+        )
 
 
 def largest_difference(got: torch.Tensor, want: torch.Tensor) -> float:

@@ -82,9 +82,17 @@ class Yardsticks:
     rounding_name: str = "rounding"
 
 
+#: The dtypes widened to float64 by way of float32: exact, and torch's CPU conversion from
+#: half to float64 takes several times longer.
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
 def as_float64_cpu(output: torch.Tensor) -> torch.Tensor:
     """``output`` in float64 on the CPU, dense (a sparse gradient compared value by value)."""
-    return dense(output.detach().to(device="cpu", dtype=torch.float64))
+    tensor = output.detach()
+    if tensor.dtype in HALF_DTYPES:
+        tensor = tensor.to(device="cpu", dtype=torch.float32)
+    return dense(tensor.to(device="cpu", dtype=torch.float64))
 
 
 def dense(tensor: torch.Tensor) -> torch.Tensor:

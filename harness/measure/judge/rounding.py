@@ -67,6 +67,7 @@ from torch.utils import _pytree as pytree
 from torch.utils.hooks import RemovableHandle
 
 from harness.measure.judge.float32_arithmetic import Float32Arithmetic, integers_up_to
+from harness.measure.judge.numerics import HALF_DTYPES
 from harness.measure.precision.casting import is_kept, map_tensors
 from harness.measure.precision.dtypes import TORCH_DTYPES
 from harness.measure.running.replay import dtype_eps
@@ -104,12 +105,8 @@ def rounded_in_float64(tensor: torch.Tensor, dtype: str, noise: torch.Generator)
         return torch.where(integers_up_to(tensor, largest_exact_integer(dtype)), tensor, moved)
     narrow = tensor.to(TORCH_DTYPES[dtype])
     if narrow.dtype in HALF_DTYPES and tensor.dtype == torch.float64:
-        narrow = narrow.float()  # exact, and torch's CPU half-to-float64 is several times slower
+        narrow = narrow.float()  # exact, and faster (HALF_DTYPES)
     return narrow.to(tensor.dtype)
-
-
-#: The dtypes a float64 value is widened back from by way of float32.
-HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def largest_exact_integer(dtype: str) -> float:
