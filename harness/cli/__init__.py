@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, NoReturn
 
-from harness.cli import bisect, check, compare, listing, nightly, output, report, run
+from harness.cli import bisect, check, compare, listing, nightly, output, report, run, startup
 from harness.results import storage
 from harness.schema import env_vars
 from harness.schema.text import one_line
@@ -71,6 +71,10 @@ COMMANDS: dict[str, ModuleType] = {
     "nightly-verdict": nightly,
 }
 
+#: The commands that import the run machinery, and torch with it; the others only read
+#: results files. The machinery is imported before them (``startup.import_run_machinery``).
+RUNS_CELLS = ("list", "run", "check")
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="ampmatrix", description=DESCRIPTION)
@@ -112,11 +116,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_command(argv)
 
 
+def entry() -> int:
+    """The command line (``ampmatrix``, ``python -m harness``): ``main``, then the heap
+    frozen for the interpreter's exit, which follows (``startup.before_exit``)."""
+    code = main()
+    startup.before_exit()
+    return code
+
+
 def run_command(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     try:
         env_vars.check(env_vars.HARNESS)  # a bad AMPMATRIX_* value: one line, before any work
+        if args.command in RUNS_CELLS:
+            startup.import_run_machinery()
         return int(COMMANDS[args.command].command(args, argv))
     except user_errors() as error:
         print(f"ampmatrix: error: {one_line(str(error))}", file=sys.stderr)
