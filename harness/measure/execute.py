@@ -54,7 +54,14 @@ def run_cell(
         record = replace(record, attn_dtypes=ctx.observation.summary())
         record = classify(case, cell, run, record)
         left_s = (case.timeout_s or DEFAULT_TIMEOUT_S) - (time.perf_counter() - started)
-        record = profiled(case, cell, record, every=profile, within_s=max(left_s, 0.0) / 2)
+        record = profiled(
+            case,
+            cell,
+            record,
+            every=profile,
+            within_s=max(left_s, 0.0) / 2,
+            model_elements=run.model_elements,
+        )
     except ReferenceFailed as failure:
         record = crashed(record, CrashKind.REFERENCE_FAILED, failure.error, case)
     except WorkloadFailed as failure:

@@ -259,16 +259,22 @@ def beyond(figures: ModuleFigures, factor: float) -> bool:
 
 
 def profiled(
-    case: Case, cell: Cell, record: CellRecord, every: bool = False, within_s: float | None = None
+    case: Case,
+    cell: Cell,
+    record: CellRecord,
+    every: bool = False,
+    within_s: float | None = None,
+    model_elements: int = 0,
 ) -> CellRecord:
     """``record`` with its profile (every module's ratio) and its divergence where it is a
     cell the profile is for (:func:`wants_profile`; with ``every``, a passing cell's
     profile too, ``--profile``: its series kept, its divergence None); a profile that
     fails, runs past ``within_s`` seconds, or finds no module, leaves the verdict as it is
-    and says why in one note, as does a model too large to profile."""
+    and says why in one note, as does a model too large to profile (``model_elements``:
+    the floating elements of the cell's model as it ran)."""
     if not wants_profile(cell, record, every) or record.numerics is None:
         return record
-    too_large = too_large_note(case, cell)
+    too_large = too_large_note(8 * model_elements)
     if too_large is not None:
         return record.noted(too_large)
     try:
@@ -313,33 +319,16 @@ def old_objects_frozen() -> Iterator[None]:
 MEMORY_SHARE = 0.25
 
 
-def too_large_note(case: Case, cell: Cell) -> Note | None:
-    """``too large to profile: N GiB in float64`` where the model's float64 copy would take
-    more than ``MEMORY_SHARE`` of the memory available; None where it fits or where the
-    memory available is not known."""
+def too_large_note(needed: int) -> Note | None:
+    """``too large to profile: N GiB in float64`` where a model whose float64 copy takes
+    ``needed`` bytes would take more than ``MEMORY_SHARE`` of the memory available; None
+    where it fits or where the memory available is not known. (The size comes from the
+    cell's own run: a second build of the model, even on the meta device, costs more than
+    a small cell, as the meta device's first factory call imports sympy.)"""
     free = available_bytes()
-    if free is None:
-        return None
-    needed = float64_bytes(case, cell)
-    if needed <= MEMORY_SHARE * free:
+    if free is None or needed <= MEMORY_SHARE * free:
         return None
     return Note(NoteKind.DIVERGENCE, f"too large to profile: {needed / 2**30:.1f} GiB in float64")
-
-
-def float64_bytes(case: Case, cell: Cell) -> int:
-    """What the cell's model takes in float64: its floating parameters and buffers, as
-    its workload is built (on the meta device nothing is allocated; a model that cannot
-    be built so counts as small: the profile then finds out)."""
-    ctx = context_for(case, cell, observe=False)
-    try:
-        with torch.device("meta"):
-            model = case.build(ctx).model
-    except Exception:
-        return 0
-    if not isinstance(model, nn.Module):
-        return 0
-    tensors = (*model.parameters(), *model.buffers())
-    return sum(8 * t.numel() for t in tensors if t.is_floating_point())
 
 
 def available_bytes() -> int | None:

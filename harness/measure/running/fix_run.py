@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+from torch import nn
 
 from harness.measure.authoring.case import Case, RunContext, Workload
 from harness.measure.precision.casting import cast_inputs, cast_model, split_kept
@@ -174,6 +175,9 @@ class FixRun:
     #: What the run drew at random and chose, in order (see
     #: :mod:`harness.measure.running.replay`); None where it was not recorded.
     recorded: Recorded | None = None
+    #: The floating elements of the model's parameters and buffers as it ran (0 where the
+    #: workload's model is not a module): what its float64 copy will take, at 8 bytes each.
+    model_elements: int = 0
 
 
 def run_fix_checked(
@@ -222,7 +226,18 @@ def run_fix_checked(
     recorded = recorder.recorded.on_cpu() if recorder is not None else None
     if compiled is not None and record:
         recorded = eager_twin_draws(case, fix, ctx, keep)
-    return FixRun(output, error, tuple(f for f in found if f), trail, texts, note, recorded)
+    elements = floating_elements(ready.model)
+    return FixRun(
+        output, error, tuple(f for f in found if f), trail, texts, note, recorded, elements
+    )
+
+
+def floating_elements(model: Any) -> int:
+    """The elements of a module's floating parameters and buffers; 0 for anything else."""
+    if not isinstance(model, nn.Module):
+        return 0
+    tensors = (*model.parameters(), *model.buffers())
+    return sum(t.numel() for t in tensors if t.is_floating_point())
 
 
 def draws_as_eager(compiled: Any) -> AbstractContextManager[Any]:
