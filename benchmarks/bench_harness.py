@@ -9,6 +9,11 @@
    noise allowed and reported as ties);
 5. the cost of the dtype tracer: the default matrix's correctness phase with and without it
    (``--no-trace``), alternated, as ratios of wall time and of the time inside the cells.
+
+The runs serve several figures, so the bench stays within minutes: the untimed run and the
+timed runs are the traced side of 5 (a timed run's correctness phase is its wall time less
+its timing phase), an untraced run before each timed one its other side; 2 times every
+``OVERHEAD_SAMPLE``-th timed cell again.
 """
 
 from __future__ import annotations
@@ -110,11 +115,17 @@ def timing_phase_share(run_dirs: Sequence[Path]) -> None:
     )
 
 
+#: Every how many timed cells one is timed again for its overhead (in the run's order: every
+#: case, stage, dtype and mode is among them).
+OVERHEAD_SAMPLE = 8
+
+
 def overhead_per_cell(run_dir: Path) -> None:
-    """Time each cell again in this process: wall time of the whole timing step (build,
-    warm-up, FLOP count, memory pass) against the time inside its measured samples."""
+    """Time every ``OVERHEAD_SAMPLE``-th timed cell again in this process: wall time of the
+    whole timing step (build, warm-up, FLOP count, memory pass) against the time inside its
+    measured samples."""
     registry.discover()
-    records = [r for r in storage.read_records(run_dir) if r.perf]
+    records = [r for r in storage.read_records(run_dir) if r.perf][::OVERHEAD_SAMPLE]
     overheads, measured_total = [], 0.0
     for record in records:
         started = time.perf_counter()
@@ -124,7 +135,10 @@ def overhead_per_cell(run_dir: Path) -> None:
         measured = sum(timed.perf.time_samples) * timed.perf.time_block
         measured_total += measured
         overheads.append(wall - measured)
-    print(f"2. overhead per timed cell beyond its measured samples ({len(records)} cells):")
+    print(
+        f"2. overhead per timed cell beyond its measured samples ({len(records)} cells, "
+        f"every {OVERHEAD_SAMPLE}th):"
+    )
     print(
         f"   median {statistics.median(overheads) * 1e3:.1f} ms, "
         f"max {max(overheads) * 1e3:.1f} ms, total {sum(overheads):.1f} s "
@@ -208,22 +222,32 @@ def cell_seconds(run_dir: Path) -> float:
     return sum(r.duration_s or 0.0 for r in storage.read_records(run_dir))
 
 
-def tracer_cost(tmp: Path, rounds: int) -> None:
-    walls: dict[bool, list[float]] = {True: [], False: []}
-    inside: dict[bool, list[float]] = {True: [], False: []}
-    for n in range(rounds):
-        for trace in (True, False):
-            flags = ("--no-timing",) if trace else ("--no-timing", "--no-trace")
-            run_dir, wall = run_matrix(tmp / f"trace{trace}{n}", *flags)
-            walls[trace].append(wall)
-            inside[trace].append(cell_seconds(run_dir))
+def correctness_wall(run_dir: Path, wall: float) -> float:
+    """A run's wall time without its timing phase (a run with none: all of it)."""
+    phase = storage.read_env(run_dir).timing_phase
+    return wall - (phase["wall_s"] if phase else 0.0)
+
+
+def tracer_cost(
+    traced: Sequence[tuple[Path, float]], untraced: Sequence[tuple[Path, float]]
+) -> None:
+    """The correctness phase of the traced runs (the bench's untimed and timed runs) against
+    the untraced ones made between them: walls, and the time inside the cells."""
+    walls = {
+        True: [correctness_wall(d, s) for d, s in traced],
+        False: [correctness_wall(d, s) for d, s in untraced],
+    }
+    inside = {
+        True: [cell_seconds(d) for d, _ in traced],
+        False: [cell_seconds(d) for d, _ in untraced],
+    }
     wall_ratio = statistics.median(walls[True]) / statistics.median(walls[False])
     inside_ratio = statistics.median(inside[True]) / statistics.median(inside[False])
     print(
-        f"5. dtype tracer cost, default matrix correctness phase ({rounds} alternated runs "
-        f"each): wall {statistics.median(walls[True]):.1f} s traced vs "
-        f"{statistics.median(walls[False]):.1f} s untraced (ratio {wall_ratio:.2f}); time "
-        f"inside cells {statistics.median(inside[True]):.2f} s vs "
+        f"5. dtype tracer cost, default matrix correctness phase ({len(traced)} traced runs, "
+        f"{len(untraced)} untraced between them): wall {statistics.median(walls[True]):.1f} s "
+        f"traced vs {statistics.median(walls[False]):.1f} s untraced (ratio {wall_ratio:.2f}); "
+        f"time inside cells {statistics.median(inside[True]):.2f} s vs "
         f"{statistics.median(inside[False]):.2f} s (ratio {inside_ratio:.2f})\n"
     )
 
@@ -235,8 +259,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     harness_vs_torch_benchmark(args.rounds)
     with tempfile.TemporaryDirectory() as tmp:
-        _, untimed_s = run_matrix(Path(tmp) / "untimed", "--no-timing")
-        timed_runs = [run_matrix(Path(tmp) / f"timed{n}") for n in range(args.runs)]
+        untimed = run_matrix(Path(tmp) / "untimed", "--no-timing")
+        untimed_s = untimed[1]
+        untraced, timed_runs = [], []
+        for n in range(args.runs):
+            untraced.append(run_matrix(Path(tmp) / f"untraced{n}", "--no-timing", "--no-trace"))
+            timed_runs.append(run_matrix(Path(tmp) / f"timed{n}"))
         overhead_per_cell(timed_runs[0][0])
         walls = ", ".join(f"{s:.1f} s" for _, s in timed_runs)
         print(
@@ -244,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         timing_phase_share([d for d, _ in timed_runs])
         ranking_repeatability([d for d, _ in timed_runs])
-        tracer_cost(Path(tmp), args.rounds)
+        tracer_cost([untimed, *timed_runs], untraced)
     return 0
 
 
