@@ -3,8 +3,10 @@
 1. the harness's median for a fixed SDPA call against
    ``torch.utils.benchmark.Timer.blocked_autorange`` on the same call (ratio);
 2. the harness's overhead per timed cell beyond the measured time;
-3. wall time of the default matrix with and without the timing phase, and the share of
-   the timing phase spent inside measured calls (target: at least 85%);
+3. wall time of the default matrix with and without the timing phase, the share of the
+   timing phase spent inside measured calls, and its time outside them per timed cell (a
+   cell's build, first call, FLOP and memory count: what sampling until a share is reached
+   would only dilute, so no share is a target: each cell samples until the stop rule says);
 4. repeatability of fix rankings over three timed runs of the default matrix (ties within
    noise allowed and reported as ties);
 5. the cost of the dtype tracer: the default matrix's correctness phase with and without it
@@ -93,26 +95,20 @@ def run_matrix(out: Path, *extra: str) -> tuple[Path, float]:
     return run_dirs[-1], elapsed
 
 
-#: The share of the timing phase's wall time it must spend inside measured calls.
-MEASURED_SHARE_TARGET = 0.85
-
-
 def timing_phase_share(run_dirs: Sequence[Path]) -> None:
-    """What each timed run's timing phase spent inside measured calls (its env.json)."""
-    shares = []
+    """What each timed run's timing phase spent inside measured calls, and outside them per
+    timed cell (its env.json)."""
     for run_dir in run_dirs:
         phase = storage.read_env(run_dir).timing_phase
         assert phase, f"{run_dir}: its env.json has no timing phase"
-        shares.append(phase["measured_s"] / phase["wall_s"])
+        outside = (phase["wall_s"] - phase["measured_s"]) / phase["cells"]
         print(
             f"   timing phase of {run_dir.name}: {phase['cells']} cells, {phase['wall_s']:.1f} s,"
-            f" {phase['measured_s']:.1f} s in measured calls ({shares[-1]:.0%})"
+            f" {phase['measured_s']:.1f} s in measured calls "
+            f"({phase['measured_s'] / phase['wall_s']:.0%}), {outside * 1e3:.0f} ms a cell "
+            "outside them"
         )
-    verdict = "PASS" if min(shares) >= MEASURED_SHARE_TARGET else "MISS"
-    print(
-        f"   share in measured calls: lowest {min(shares):.0%} "
-        f"(target >= {MEASURED_SHARE_TARGET:.0%}) {verdict}\n"
-    )
+    print()
 
 
 #: Every how many timed cells one is timed again for its overhead (in the run's order: every

@@ -136,10 +136,10 @@ class TimingConfig:
     #: One sample is a block of calls lasting at least this long.
     min_block_s: float = 0.01
     min_samples: int = 7
-    #: Timed calls per function at the least, whatever the budget: a cell also spends about
-    #: three calls' time untimed (its warm-up, and its FLOP and memory count, which runs
-    #: slower than a plain call), and 20 timed calls hold that near a seventh of its time.
-    min_calls: int = 20
+    #: Timed calls per function at the least, whatever the stop rule says (0: the stop rule
+    #: alone decides, as it does by default: a slow call that settles in ``min_samples``
+    #: samples is known as well as a quick one).
+    min_calls: int = 0
     max_samples: int = 500
     #: Stop once IQR / median falls under this.
     iqr_threshold: float = 0.03
