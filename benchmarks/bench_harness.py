@@ -12,10 +12,10 @@
 5. the cost of the dtype tracer: the default matrix's correctness phase with and without it
    (``--no-trace``), alternated, as ratios of wall time and of the time inside the cells.
 
-The runs serve several figures, so the bench stays within minutes: the untimed run and the
-timed runs are the traced side of 5 (a timed run's correctness phase is its wall time less
-its timing phase), an untraced run before each timed one its other side; 2 times every
-``OVERHEAD_SAMPLE``-th timed cell again.
+The runs serve several figures, so the bench stays within minutes: the timed runs are
+untraced and traced by turns (the timing phase traces nothing), and their correctness
+phases (a run's wall time less its timing phase), with the untimed run's, are the two
+sides of 5; 2 times every ``OVERHEAD_SAMPLE``-th timed cell again.
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ def tracer_cost(
     inside_ratio = statistics.median(inside[True]) / statistics.median(inside[False])
     print(
         f"5. dtype tracer cost, default matrix correctness phase ({len(traced)} traced runs, "
-        f"{len(untraced)} untraced between them): wall {statistics.median(walls[True]):.1f} s "
+        f"{len(untraced)} untraced, by turns): wall {statistics.median(walls[True]):.1f} s "
         f"traced vs {statistics.median(walls[False]):.1f} s untraced (ratio {wall_ratio:.2f}); "
         f"time inside cells {statistics.median(inside[True]):.2f} s vs "
         f"{statistics.median(inside[False]):.2f} s (ratio {inside_ratio:.2f})\n"
@@ -256,19 +256,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     harness_vs_torch_benchmark(args.rounds)
     with tempfile.TemporaryDirectory() as tmp:
         untimed = run_matrix(Path(tmp) / "untimed", "--no-timing")
-        untimed_s = untimed[1]
-        untraced, timed_runs = [], []
-        for n in range(args.runs):
-            untraced.append(run_matrix(Path(tmp) / f"untraced{n}", "--no-timing", "--no-trace"))
-            timed_runs.append(run_matrix(Path(tmp) / f"timed{n}"))
+        # traced and untraced by turns after the untimed (traced) run: the timing phase
+        # traces nothing, so the rankings are alike, and each run's correctness phase is
+        # one side of the tracer's cost
+        traced_by_turns = [n % 2 == 1 for n in range(args.runs)]
+        timed_runs = [
+            run_matrix(Path(tmp) / f"timed{n}", *(() if traced else ("--no-trace",)))
+            for n, traced in enumerate(traced_by_turns)
+        ]
         overhead_per_cell(timed_runs[0][0])
-        walls = ", ".join(f"{s:.1f} s" for _, s in timed_runs)
+        walls = ", ".join(
+            f"{s:.1f} s{'' if traced else ' (untraced)'}"
+            for (_, s), traced in zip(timed_runs, traced_by_turns, strict=True)
+        )
         print(
-            f"3. default matrix wall time: without timing {untimed_s:.1f} s; with timing {walls}"
+            f"3. default matrix wall time: without timing {untimed[1]:.1f} s; with timing {walls}"
         )
         timing_phase_share([d for d, _ in timed_runs])
         ranking_repeatability([d for d, _ in timed_runs])
-        tracer_cost([untimed, *timed_runs], untraced)
+        tracer_cost(
+            [untimed, *(r for r, t in zip(timed_runs, traced_by_turns, strict=True) if t)],
+            [r for r, t in zip(timed_runs, traced_by_turns, strict=True) if not t],
+        )
     return 0
 
 

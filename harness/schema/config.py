@@ -136,10 +136,11 @@ class TimingConfig:
     #: One sample is a block of calls lasting at least this long.
     min_block_s: float = 0.01
     min_samples: int = 7
-    #: Timed calls per function at the least, whatever the stop rule says (0: the stop rule
-    #: alone decides, as it does by default: a slow call that settles in ``min_samples``
-    #: samples is known as well as a quick one).
-    min_calls: int = 0
+    #: Timed calls per function at the least, whatever the stop rule says: seven samples of
+    #: a slow call (one call each) settle within a run but drift between runs. With 7 calls
+    #: (``min_calls`` 0), three runs of the default matrix reversed one column's fixes (two
+    #: sana-softmax-float train fixes 60 ms a call apart by a few percent); with 20, none.
+    min_calls: int = 20
     max_samples: int = 500
     #: Stop once IQR / median falls under this.
     iqr_threshold: float = 0.03
