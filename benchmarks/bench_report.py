@@ -338,11 +338,7 @@ def time_reading(runs: list[Path]) -> float:
 
 def time_compare(runs: list[Path]) -> tuple[float, int]:
     """Seconds to compare every run with its sibling of the other torch version in this
-    process, reading included, and the number of changes found. scipy (which ``compare``
-    imports at its first speed change, half a second) is imported first: this times
-    comparing, not importing."""
-    import scipy.stats  # noqa: F401
-
+    process, reading included, and the number of changes found."""
     started = time.perf_counter()
     changes = 0
     for base, head in zip(runs[0::2], runs[1::2], strict=False):

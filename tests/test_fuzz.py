@@ -159,8 +159,8 @@ def names_its_file(problem: str, run_dir: Path) -> bool:
 
 @pytest.fixture
 def quick_plots(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Plots are matplotlib's work on valid numbers: drawn for real in the report tests,
-    left out here so thousands of damaged runs fit in a minute."""
+    """Plots are drawn from valid numbers: drawn for real in the report tests, left out
+    here so thousands of damaged runs fit in a minute."""
     monkeypatch.setattr(plots, "error_vs_time", lambda *args: None)
 
 

@@ -379,11 +379,11 @@ def check_every_command(
 def contained(
     monkeypatch: pytest.MonkeyPatch, clean_registry: None, tmp_path: Path
 ) -> Iterator[None]:
-    """Plots left out (matplotlib's work on valid numbers, drawn for real in the report
-    tests) and ``--resume``'s cells not run (a damaged run may lack records; reading it is
-    what is fuzzed here), so the examples fit in a minute. The case folders a run plan
-    names join ``sys.path`` only for the test, the size limits are small, and a report
-    without ``--out`` goes to the test's own ``reports/``."""
+    """Plots left out (drawn from valid numbers, for real in the report tests) and
+    ``--resume``'s cells not run (a damaged run may lack records; reading it is what is
+    fuzzed here), so the examples fit in a minute. The case folders a run plan names join
+    ``sys.path`` only for the test, the size limits are small, and a report without
+    ``--out`` goes to the test's own ``reports/``."""
     monkeypatch.setattr(plots, "error_vs_time", lambda *args: None)
     monkeypatch.setattr(runner, "run_cells", lambda run_dir, *_: run_dir)
     monkeypatch.setattr(storage, "MAX_LINE_BYTES", LINE_LIMIT)
