@@ -125,13 +125,17 @@ def records() -> list[CellRecord]:
     ]
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("staged")
-    storage.write_env(folder, Environment(torch_version="2.13.0", hostname="host"))
+def stored_run(folder: Path, hostname: str = "host") -> Path:
+    """``folder`` made a run of :func:`records` on torch 2.13.0 and ``hostname``."""
+    storage.write_env(folder, Environment(torch_version="2.13.0", hostname=hostname))
     for record in records():
         storage.append_record(folder, record)
     return folder
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return stored_run(tmp_path_factory.mktemp("staged"))
 
 
 @pytest.fixture(scope="module")

@@ -18,10 +18,8 @@ from harness.report.grouping import Environments
 from harness.report.summary import differing_cells, summary_view
 from harness.report.views import SummaryView
 from harness.report.writing import render_report
-from harness.results import storage
-from harness.schema.run_files import Environment
 from tests.test_report import NEW, OLD
-from tests.test_report_stages import ATTENTION, CASE, records
+from tests.test_report_stages import ATTENTION, CASE, stored_run
 
 
 def view_of(frame: pd.DataFrame) -> SummaryView:
@@ -37,11 +35,7 @@ def frame_of(*runs: Path) -> pd.DataFrame:
 @pytest.fixture(scope="module")
 def staged(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run of two cases with forward, train (and for one, fit) cells."""
-    folder = tmp_path_factory.mktemp("staged")
-    storage.write_env(folder, Environment(torch_version="2.13.0", hostname="host"))
-    for record in records():
-        storage.append_record(folder, record)
-    return folder
+    return stored_run(tmp_path_factory.mktemp("staged"))
 
 
 def test_each_case_is_named_once_with_its_fixes_as_rows(staged: Path) -> None:
@@ -160,12 +154,8 @@ def test_alike_environments_share_one_column_group(tmp_path: Path) -> None:
     """The same records under two hosts: every outcome alike, one group naming both."""
     runs = []
     for host in ("host-a", "host-b"):
-        folder = tmp_path / host
-        folder.mkdir()
-        storage.write_env(folder, Environment(torch_version="2.13.0", hostname=host))
-        for record in records():
-            storage.append_record(folder, record)
-        runs.append(folder)
+        (tmp_path / host).mkdir()
+        runs.append(stored_run(tmp_path / host, host))
     view = view_of(frame_of(*runs))
     (group,) = view.groups
     assert "host-a" in group.envs.text and "host-b" in group.envs.text
