@@ -16,6 +16,8 @@ import gc
 import importlib
 import sys
 
+from harness.results import storage
+
 #: The run machinery: the module the commands that run cells import, and torch with it.
 RUN_MACHINERY = "harness.runner.run"
 
@@ -25,14 +27,11 @@ def import_run_machinery() -> None:
     per process (a second call, or one after it was imported, does nothing)."""
     if RUN_MACHINERY in sys.modules:
         return
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        importlib.import_module(RUN_MACHINERY)
-    finally:
-        gc.freeze()
-        if enabled:
-            gc.enable()
+    with storage.paused_gc():
+        try:
+            importlib.import_module(RUN_MACHINERY)
+        finally:
+            gc.freeze()
 
 
 def before_exit() -> None:

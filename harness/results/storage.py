@@ -368,9 +368,10 @@ def drop_partial_last_line(run_dir: Path) -> str | None:
 
 @contextmanager
 def paused_gc() -> Iterator[None]:
-    """No cyclic garbage collection while reading records: reading builds hundreds of
-    thousands of small objects and no cycle, and the collector, started again and again by
-    so many new objects, only walks them (a third of the time of reading a run)."""
+    """No cyclic garbage collection while it lasts, the collector left as it was after it.
+    Reading records builds hundreds of thousands of small objects and no cycle, and the
+    collector, started again and again by so many new objects, only walks them (a third
+    of the time of reading a run); so does importing torch."""
     enabled = gc.isenabled()
     gc.disable()
     try:
